@@ -1,0 +1,7 @@
+"""`python -m microbench` is the `infercomm` command."""
+
+import sys
+
+from microbench.cli import main
+
+sys.exit(main())

@@ -1,0 +1,54 @@
+"""Argument parsing in the field's vocabulary, with one-line errors and exit status 2."""
+
+import argparse
+import sys
+from typing import NoReturn
+
+
+class UsageError(Exception):
+    """Bad command-line input found after parsing; printed as one line, exit status 2."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse prints usage and then the error; our contract is one line, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        sys.exit(2)
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be a positive integer")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be zero or more")
+    return value
+
+
+_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def byte_size(text: str) -> int:
+    """A size as nccl-tests writes it: 8, 8K, 1M, 2G (binary multiples)."""
+    raw = text.strip().upper().removesuffix("B")
+    number, suffix = (raw[:-1], raw[-1]) if raw[-1:] in _SUFFIXES else (raw, "")
+    try:
+        value = int(number) * _SUFFIXES[suffix]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size; write bytes like 8, 8K, 1M or 2G") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"size {text!r} must not be negative")
+    return value

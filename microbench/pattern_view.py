@@ -1,0 +1,137 @@
+"""A pattern for people (a profile table, the ordered calls of a step) and for tools (JSON, CSV)."""
+
+import csv
+import io
+from dataclasses import asdict
+from typing import Any
+
+from microbench.textfmt import format_bytes, render_table
+from patterns import Op, Pattern, Phase, pattern_rows, volume_bytes
+from patterns.volume import as_number
+
+
+def shape_text(shape: tuple[int, ...]) -> str:
+    return "[" + ",".join(map(str, shape)) + "]"
+
+
+def pattern_header(pattern: Pattern) -> dict[str, Any]:
+    """model, layout, workload and engine: what every pattern-derived file starts with."""
+    m, lay, w = pattern.model, pattern.layout, pattern.workload
+    return {
+        "model": {"name": m.name, "hidden_size": m.hidden_size,
+                  "num_hidden_layers": m.num_hidden_layers, "vocab_size": m.vocab_size,
+                  "num_attention_heads": m.num_attention_heads,
+                  "num_key_value_heads": m.num_key_value_heads,
+                  "num_local_experts": m.num_local_experts, "source": m.source},
+        "layout": {"tp": lay.tp, "pp": lay.pp, "world_size": lay.world_size},
+        "workload": {"prompt": w.prompt, "decode": w.decode, "batch": w.batch,
+                     "dtype": w.dtype, "decode_steps": w.decode_steps},
+        "engine": {"name": pattern.engine, **asdict(pattern.options)},
+    }
+
+
+def calls_per_inference(pattern: Pattern) -> int:
+    """Calls one rank issues per inference, the busiest stage's."""
+    return max(pattern.calls_per_inference(s) for s in range(pattern.layout.pp))
+
+
+def pattern_document(pattern: Pattern, with_steps: bool = False) -> dict[str, Any]:
+    doc = pattern_header(pattern)
+    doc["rows"] = [
+        {**asdict(row), "phase": row.phase.value, "shape": list(row.shape),
+         "out_shape": list(row.out_shape)}
+        for row in pattern_rows(pattern)
+    ]
+    doc["volume_bytes"] = {k: as_number(v) for k, v in volume_bytes(pattern).items()}
+    doc["calls_per_inference"] = calls_per_inference(pattern)
+    if with_steps:
+        doc["steps"] = [
+            {"stage": stage, "phase": phase.value, "tokens": step.tokens, "rows": step.rows,
+             "ops": [_op_dict(op) for op in step.ops]}
+            for stage, phase, step in _first_steps(pattern)
+        ]
+    return doc
+
+
+def _op_dict(op: Op) -> dict[str, Any]:
+    return {"op": op.kind.value, "group": op.group, "group_size": op.group_size,
+            "shape": list(op.shape), "out_shape": list(op.out_shape), "dtype": op.dtype,
+            "tag": op.tag, "peer": op.peer, "root": op.root}
+
+
+def _first_steps(pattern: Pattern) -> list[tuple[int, Phase, Any]]:
+    found = []
+    for stage in range(pattern.layout.pp):
+        for phase in Phase:
+            step = pattern.first_step(stage, phase)
+            if step is not None:
+                found.append((stage, phase, step))
+    return found
+
+
+def pattern_csv(pattern: Pattern) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["phase", "stage", "op", "group", "group_size", "shape", "out_shape",
+                     "dtype", "count", "bytes"])
+    for row in pattern_rows(pattern):
+        writer.writerow([row.phase.value, row.stage, row.op, row.group, row.group_size,
+                         "x".join(map(str, row.shape)), "x".join(map(str, row.out_shape)),
+                         row.dtype, row.count, row.bytes])
+    return out.getvalue()
+
+
+def title(pattern: Pattern) -> str:
+    m, lay, w = pattern.model, pattern.layout, pattern.workload
+    return (f"{pattern.engine} | {m.name} (h={m.hidden_size}, L={m.num_hidden_layers}, "
+            f"V={m.vocab_size}) | tp={lay.tp} pp={lay.pp} ({lay.world_size} ranks) | "
+            f"prompt={w.prompt} decode={w.decode} batch={w.batch} {w.dtype}")
+
+
+def pattern_table(pattern: Pattern) -> str:
+    """The profile table: per phase and stage, each distinct call with its count and bytes."""
+    header = ["phase", "stage", "op", "group", "shape", "out_shape", "dtype", "count",
+              "bytes/call", "bytes/rank"]
+    rows = [[row.phase.value, str(row.stage), row.op, f"{row.group}/{row.group_size}",
+             shape_text(row.shape), shape_text(row.out_shape), row.dtype, f"{row.count:,}",
+             format_bytes(row.bytes), format_bytes(row.bytes * row.count)]
+            for row in pattern_rows(pattern)]
+    volume = volume_bytes(pattern)
+    parts = [f"{kind} {format_bytes(float(v))}" for kind, v in volume.items()
+             if v and kind not in ("p2p", "total")]
+    prefill_steps = sum(r.repeat for r in pattern.stages[0] if r.phase == Phase.PREFILL)
+    lines = [
+        title(pattern),
+        f"steps per inference: {prefill_steps} prefill + {pattern.workload.decode_steps} "
+        "decode; calls per inference on the busiest rank: "
+        f"{calls_per_inference(pattern):,}",
+        "",
+        render_table(header, rows, right_align={"stage", "count", "bytes/call", "bytes/rank"}),
+        "",
+        "volume of one inference, every call of the deployment once: "
+        + (", ".join(parts) if parts else "none (one rank)")
+        + f"; total {format_bytes(float(volume['total']))}",
+    ]
+    return "\n".join(lines)
+
+
+def steps_text(pattern: Pattern) -> str:
+    """The exact ordered calls of the first prefill step and a decode step, per stage."""
+    blocks = [title(pattern)]
+    for stage, phase, step in _first_steps(pattern):
+        blocks.append(f"\nstage {stage}, {phase.value} step (T={step.tokens}, S={step.rows}): "
+                      f"{len(step.ops)} calls")
+        rows = [[str(i), op.kind.value, f"{op.group}/{op.group_size}", shape_text(op.shape),
+                 shape_text(op.out_shape), op.dtype, _peer_text(op), op.tag]
+                for i, op in enumerate(step.ops, 1)]
+        blocks.append(render_table(["#", "op", "group", "shape", "out_shape", "dtype", "peer",
+                                    "tag"], rows, right_align={"#"}))
+    return "\n".join(blocks)
+
+
+def _peer_text(op: Op) -> str:
+    if op.peer is not None:
+        return f"{'to' if op.kind.value == 'send' else 'from'} stage {op.peer}"
+    if op.root is not None:
+        return f"root {op.root}"
+    return ""

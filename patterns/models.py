@@ -1,0 +1,145 @@
+"""Model configurations: the few fields that set message sizes, with Hugging Face names.
+
+Presets cite the config.json their numbers come from (engine spec, section 8). Any other
+decoder model is read from its own `config.json` with `from_hf_config`.
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from patterns.dtypes import canonical_dtype
+from patterns.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What an engine's communication depends on. Field names follow Hugging Face."""
+
+    name: str
+    hidden_size: int
+    num_hidden_layers: int
+    vocab_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    torch_dtype: str  # canonical short name: bf16, fp16 or fp32
+    tie_word_embeddings: bool = False
+    num_local_experts: int = 0  # 0 for a dense model
+    num_experts_per_tok: int = 0
+    source: str = ""
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_local_experts > 1
+
+    @property
+    def default_dtype(self) -> str:
+        """The dtype vLLM's `dtype=auto` picks: the config's, with fp32 served as bf16."""
+        return "bf16" if self.torch_dtype == "fp32" else self.torch_dtype
+
+
+def _llama(name: str, h: int, layers: int, vocab: int, heads: int, kv: int, inter: int,
+           dtype: str, source: str, tie: bool = False) -> ModelConfig:
+    return ModelConfig(name=name, hidden_size=h, num_hidden_layers=layers, vocab_size=vocab,
+                       num_attention_heads=heads, num_key_value_heads=kv,
+                       intermediate_size=inter, torch_dtype=dtype, tie_word_embeddings=tie,
+                       source=source)
+
+
+_HF = "https://huggingface.co/"
+
+# Numbers from engine_comm_spec.md section 8; each source is a public copy of the official
+# config.json (its `_name_or_path` names the official repository).
+PRESETS: dict[str, ModelConfig] = {m.name: m for m in (
+    _llama("llama-3.2-1b", 2048, 16, 128256, 32, 8, 8192, "bf16",
+           _HF + "Emm9625/Llama-3.2-1B-chatml (copy of meta-llama/Llama-3.2-1B)", tie=True),
+    _llama("llama-3.2-3b", 3072, 28, 128256, 24, 8, 8192, "bf16",
+           _HF + "mlx-community/Llama-3.2-3B-bf16", tie=True),
+    _llama("llama-3.1-8b", 4096, 32, 128256, 32, 8, 14336, "bf16",
+           _HF + "NbAiLab/nb-llama-3.1-8B (_name_or_path meta-llama/Llama-3.1-8B)"),
+    _llama("llama-2-7b", 4096, 32, 32000, 32, 32, 11008, "fp16",
+           _HF + "philschmid/Llama-2-7b-hf"),
+    _llama("llama-2-13b", 5120, 40, 32000, 40, 40, 13824, "fp16",
+           _HF + "LoftQ/Llama-2-13b-hf-4bit-64rank (from meta-llama/Llama-2-13b-hf)"),
+    _llama("llama-3.1-70b", 8192, 80, 128256, 64, 8, 28672, "bf16",
+           _HF + "mlabonne/Llama-3.1-70B-Instruct-lorablated"),
+    # num_key_value_heads is 8 in the official snapshot; early copies said 16.
+    _llama("llama-3.1-405b", 16384, 126, 128256, 128, 8, 53248, "bf16",
+           _HF + "uiuc-convai/CoALM-405B (from meta-llama/Llama-3.1-405B-Instruct)"),
+    ModelConfig(name="mixtral-8x7b", hidden_size=4096, num_hidden_layers=32, vocab_size=32000,
+                num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
+                torch_dtype="bf16", num_local_experts=8, num_experts_per_tok=2,
+                source=_HF + "mistralai/Mixtral-8x7B-Instruct-v0.1 @eba92302"),
+    _llama("qwen2.5-7b", 3584, 28, 152064, 28, 4, 18944, "bf16",
+           _HF + "AmberYifan/Qwen2.5-7B-gen-dpo-10k (from Qwen/Qwen2.5-7B)"),
+)}
+
+_REQUIRED = ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads")
+# Expert-count field names differ between model families.
+_EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+def _positive_int(raw: dict[str, object], field: str, where: str) -> int:
+    value = raw[field]
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{where}: {field} is {value!r}; it must be a positive integer")
+    return value
+
+
+def from_hf_config(path: str | Path) -> ModelConfig:
+    """Read a Hugging Face `config.json` (or a folder holding one)."""
+    file = Path(path)
+    if file.is_dir():
+        file = file / "config.json"
+    if not file.is_file():
+        presets = ", ".join(PRESETS)
+        raise ConfigError(f"model config {str(file)!r} does not exist; pass a preset "
+                          f"({presets}) or the path of a Hugging Face config.json")
+    try:
+        raw = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{file}: not valid JSON ({err}); a Hugging Face config.json "
+                          "is one JSON object") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{file}: holds a JSON {type(raw).__name__}; a Hugging Face "
+                          "config.json is one JSON object")
+    # Multimodal configs keep the language model's fields under text_config.
+    if "hidden_size" not in raw and isinstance(raw.get("text_config"), dict):
+        raw = {**raw, **raw["text_config"]}
+    missing = [f for f in _REQUIRED if f not in raw]
+    if missing:
+        raise ConfigError(f"{file}: lacks {', '.join(missing)}; a decoder model's config.json "
+                          f"has all of {', '.join(_REQUIRED)}")
+    where = str(file)
+    values = {f: _positive_int(raw, f, where) for f in _REQUIRED}
+    kv = raw.get("num_key_value_heads") or values["num_attention_heads"]
+    experts = next((raw[f] for f in _EXPERT_FIELDS if raw.get(f)), 0)
+    try:
+        dtype = canonical_dtype(str(raw.get("torch_dtype") or raw.get("dtype") or "float32"))
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    name = str(raw.get("_name_or_path") or file.parent.name or file.stem)
+    return ModelConfig(
+        name=name,
+        num_key_value_heads=int(kv),
+        intermediate_size=int(raw.get("intermediate_size") or 4 * values["hidden_size"]),
+        torch_dtype=dtype,
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        num_local_experts=int(experts),
+        num_experts_per_tok=int(raw.get("num_experts_per_tok") or 0),
+        source=str(file.resolve()),
+        **values,
+    )
+
+
+def resolve_model(name_or_path: str) -> ModelConfig:
+    """A preset by name (case-insensitive), else a path to a config.json or its folder."""
+    preset = PRESETS.get(name_or_path.strip().lower())
+    if preset is not None:
+        return preset
+    looks_like_path = any(c in name_or_path for c in "/\\") or name_or_path.endswith(".json")
+    if looks_like_path or Path(name_or_path).exists():
+        return from_hf_config(name_or_path)
+    raise ConfigError(f"unknown model {name_or_path!r}; use a preset ({', '.join(PRESETS)}) "
+                      "or the path of a Hugging Face config.json")

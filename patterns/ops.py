@@ -1,0 +1,72 @@
+"""Communication calls: a table of kinds, one call (`Op`) and one forward pass (`Step`)."""
+
+from dataclasses import dataclass
+from enum import StrEnum
+from math import prod
+
+from patterns.dtypes import dtype_bytes
+
+
+class OpKind(StrEnum):
+    ALLREDUCE = "allreduce"
+    ALLGATHER = "allgather"
+    REDUCESCATTER = "reducescatter"
+    GATHER = "gather"
+    BROADCAST = "broadcast"
+    SEND = "send"
+    RECV = "recv"
+    ALLTOALL = "alltoall"
+
+
+P2P_KINDS = frozenset({OpKind.SEND, OpKind.RECV})
+
+
+class Phase(StrEnum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+@dataclass(frozen=True)
+class Op:
+    """One call as one rank issues it.
+
+    `shape` is the rank's input (for recv: the buffer it receives into); `out_shape` is the
+    result (the root's for gather; equal to `shape` for in-place calls). `peer` is the other
+    side's rank in `group` for send/recv; `root` the root's rank in `group` for gather and
+    broadcast. `tag` names the engine code that issues the call.
+    """
+
+    kind: OpKind
+    group: str
+    group_size: int
+    shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    dtype: str
+    tag: str
+    peer: int | None = None
+    root: int | None = None
+
+    @property
+    def numel(self) -> int:
+        return prod(self.shape)
+
+    @property
+    def bytes(self) -> int:
+        """Input bytes of one call on one rank."""
+        return self.numel * dtype_bytes(self.dtype)
+
+    @property
+    def out_bytes(self) -> int:
+        return prod(self.out_shape) * dtype_bytes(self.dtype)
+
+
+@dataclass(frozen=True)
+class Step:
+    """The ordered calls of one forward pass on one rank; every rank of a stage issues them.
+
+    `tokens` is T, the tokens of the forward pass after padding; `rows` is S, the sampled rows.
+    """
+
+    ops: tuple[Op, ...]
+    tokens: int
+    rows: int

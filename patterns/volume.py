@@ -1,0 +1,60 @@
+"""Communication volume: every call of the deployment counted once (DESIGN.md, "Volume").
+
+A collective counts once for its group, with the traffic factor below; a send counts its
+bytes once; a recv is the other half of a send and counts nothing.
+"""
+
+from fractions import Fraction
+
+from patterns.ops import Op, OpKind
+from patterns.pattern import Pattern
+
+
+def op_volume(op: Op) -> Fraction:
+    """Bytes one call moves, by the volume convention (exact, as a fraction)."""
+    n = op.group_size
+    spread = Fraction(n - 1, n)
+    match op.kind:
+        case OpKind.ALLREDUCE:
+            return op.bytes * 2 * spread
+        case OpKind.ALLGATHER:
+            return op.out_bytes * spread
+        case OpKind.REDUCESCATTER | OpKind.ALLTOALL:
+            return op.bytes * spread
+        case OpKind.GATHER | OpKind.BROADCAST | OpKind.SEND:
+            return Fraction(op.bytes)
+        case OpKind.RECV:
+            return Fraction(0)
+    raise ValueError(f"no volume rule for {op.kind}")
+
+
+def _calls_in_deployment(op: Op, ranks_in_stage: int) -> int:
+    """How many distinct calls the ranks of one stage make when each issues `op` once.
+
+    A point-to-point call is each rank's own; a collective of a group inside the stage (TP)
+    is one call per group.
+    """
+    if op.kind in (OpKind.SEND, OpKind.RECV):
+        return ranks_in_stage
+    if op.group == "tp":
+        return ranks_in_stage // op.group_size
+    raise ValueError(f"no volume rule for a {op.kind} over group {op.group!r} yet")
+
+
+def volume_bytes(pattern: Pattern) -> dict[str, Fraction]:
+    """Volume of one inference by op kind, plus `p2p` (send + recv) and `total`."""
+    totals = {kind.value: Fraction(0) for kind in OpKind}
+    ranks_in_stage = pattern.layout.tp
+    for runs in pattern.stages:
+        for run in runs:
+            for op in run.step.ops:
+                calls = _calls_in_deployment(op, ranks_in_stage) * run.repeat
+                totals[op.kind.value] += op_volume(op) * calls
+    totals["p2p"] = totals[OpKind.SEND.value] + totals[OpKind.RECV.value]
+    totals["total"] = sum((totals[kind.value] for kind in OpKind), Fraction(0))
+    return totals
+
+
+def as_number(value: Fraction) -> int | float:
+    """An exact volume as JSON wants it: an int when whole."""
+    return int(value) if value.denominator == 1 else float(value)
