@@ -15,6 +15,7 @@ from patterns import ConfigError
 COMMAND_MODULES = (
     "microbench.models_cmd",
     "microbench.pattern_cmd",
+    "microbench.replay_cmd",
 )
 
 EXAMPLES = """\
@@ -39,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # recorded in results, and handed on to ranks started locally
     try:
         return int(args.run(args))
     except (ConfigError, UsageError) as err:

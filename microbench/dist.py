@@ -1,0 +1,87 @@
+"""The distributed environment, read in one place.
+
+Rank, local rank and world size come from the first launcher whose variables are set, in
+this order: torchrun, Open MPI, PMI (MPICH's hydra, srun --mpi=pmi2), Slurm. The rendezvous
+address of the torch backend comes from MASTER_ADDR/MASTER_PORT, else from Slurm's node list
+and job id, else the local host.
+"""
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+DEFAULT_MASTER_PORT = 29500
+
+# (launcher, rank, world size, local rank) variable names, in order of precedence.
+_LAUNCHERS = (
+    ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"),
+    ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+    ("pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
+    ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+)
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    launcher: str
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """The first host of a Slurm node list: 'gpu[003-005,009],login1' -> 'gpu003'."""
+    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if not match:
+        return nodelist
+    prefix, ranges = match.groups()
+    if not ranges:
+        return prefix
+    first = ranges.split(",")[0].split("-")[0]
+    return prefix + first
+
+
+def slurm_port(job_id: str) -> int:
+    """A port derived from the job id, so concurrent jobs on shared nodes do not collide."""
+    return 20000 + int(job_id) % 20000 if job_id.isdigit() else DEFAULT_MASTER_PORT
+
+
+def detect(environ: Mapping[str, str] | None = None) -> DistEnv | None:
+    """The environment a launcher set up for this process, or None when none did."""
+    env = os.environ if environ is None else environ
+    found = next((names for names in _LAUNCHERS if names[1] in env and names[2] in env), None)
+    if found is None:
+        return None
+    launcher, rank_var, size_var, local_var = found
+    rank, size = int(env[rank_var]), int(env[size_var])
+    local = int(env.get(local_var, "0") or 0)
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")
+    addr = env.get("MASTER_ADDR") or (first_slurm_host(nodelist) if nodelist else "127.0.0.1")
+    if "MASTER_PORT" in env:
+        port = int(env["MASTER_PORT"])
+    else:
+        port = slurm_port(env.get("SLURM_JOB_ID", ""))
+    return DistEnv(launcher, rank, size, local, addr, port)
+
+
+def resolve_master_addr(addr: str) -> str:
+    """`addr` if it resolves; else the NodeAddr Slurm knows for it (nodes named apart from
+    their host names, as on a local test cluster); else `addr` unchanged."""
+    import socket
+    import subprocess
+
+    try:
+        socket.gethostbyname(addr)
+        return addr
+    except OSError:
+        pass
+    try:
+        shown = subprocess.run(["scontrol", "show", "node", addr], capture_output=True,
+                               text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return addr
+    match = re.search(r"NodeAddr=(\S+)", shown)
+    return match.group(1) if match else addr

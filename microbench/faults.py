@@ -1,0 +1,36 @@
+"""Faults injected on purpose, for the tests that prove a failing rank ends the run.
+
+INFERCOMM_FAULT (unset in real runs) names one:
+  kill:RANK:STEP     rank RANK kills itself (SIGKILL) during its STEP-th step
+  hang:RANK:STEP     rank RANK stops issuing calls during its STEP-th step
+  corrupt:RANK       rank RANK adds 1 to the first element of every input it fills in --check
+Nothing is added to the replay path when it is unset.
+"""
+
+import os
+import signal
+import time
+from collections.abc import Callable
+
+
+def _spec(rank: int) -> list[str] | None:
+    raw = os.environ.get("INFERCOMM_FAULT", "")
+    parts = raw.split(":")
+    if len(parts) < 2 or not parts[1].isdigit() or int(parts[1]) != rank:
+        return None
+    return parts
+
+
+def corrupts_inputs(rank: int) -> bool:
+    spec = _spec(rank)
+    return spec is not None and spec[0] == "corrupt"
+
+
+def step_fault(rank: int) -> tuple[int, Callable[[], None]] | None:
+    """(step number, call to add to that step) for a kill or hang fault on this rank."""
+    spec = _spec(rank)
+    if spec is None or spec[0] not in ("kill", "hang") or len(spec) != 3:
+        return None
+    if spec[0] == "kill":
+        return int(spec[2]), lambda: os.kill(os.getpid(), signal.SIGKILL)
+    return int(spec[2]), lambda: time.sleep(3600)

@@ -1,0 +1,136 @@
+"""The timing protocol, written once: barrier, warm-up, timed inferences, raw marks kept.
+
+One inference is the prefill step(s) then Sd-1 decode steps, every call back to back with no
+barrier inside. Marks are taken per inference (start, end of prefill, end), per step, or per
+call, depending on the level; nothing else runs between calls.
+"""
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from microbench import check, faults
+from microbench.backends import Backend
+from microbench.plan import Plan
+from microbench.timing import make_marks
+from microbench.watchdog import Watchdog
+
+LEVELS = ("inference", "step", "op")
+
+
+@dataclass
+class RankSamples:
+    """What one rank measured: marks[i] are microseconds since inference i started."""
+
+    rank: int
+    stage: int
+    host: str
+    level: str
+    marks: np.ndarray  # [iterations, marks per inference]
+    prefill_mark: int  # index of the mark that ends the prefill
+    step_marks: list[int]  # index of the mark that ends each step (step and op levels)
+    wrong: int | None
+
+
+class Replayer:
+    def __init__(self, plan: Plan, backend: Backend, level: str, watchdog: Watchdog) -> None:
+        self.plan, self.backend, self.level, self.watchdog = plan, backend, level, watchdog
+        calls, steps = plan.calls_per_inference, plan.steps_per_inference
+        capacity = {"inference": 3, "step": steps + 1, "op": calls + 1}[level]
+        self.marks = make_marks(backend.device, capacity)
+        if level == "inference":
+            self.prefill_mark, self.step_marks = 1, []
+        elif level == "step":
+            self.prefill_mark = plan.prefill_steps
+            self.step_marks = list(range(1, steps + 1))
+        else:
+            self.prefill_mark = plan.prefill_calls
+            self.step_marks = list(np.cumsum(plan.step_call_counts()).tolist())
+        fault = faults.step_fault(backend.rank)
+        if fault is not None:
+            plan.add_to_every_step(_count_then(fault[0], fault[1]))
+
+    def inference(self) -> np.ndarray:
+        """Issue one inference; return its marks in microseconds from its start."""
+        self.backend.barrier()
+        marks, watchdog = self.marks, self.watchdog
+        marks.reset()
+        marks.mark()
+        if self.level == "op":
+            mark = marks.mark
+            for run in self.plan.runs:
+                calls = run.calls
+                for _ in range(run.repeat):
+                    for call in calls:
+                        call()
+                        mark()
+                    watchdog.steps += 1
+        elif self.level == "step":
+            for run in self.plan.runs:
+                calls = run.calls
+                for _ in range(run.repeat):
+                    for call in calls:
+                        call()
+                    marks.mark()
+                    watchdog.steps += 1
+        else:
+            prefill_done = False
+            for run in self.plan.runs:
+                if not prefill_done and run.phase == "decode":
+                    marks.mark()
+                    prefill_done = True
+                calls = run.calls
+                for _ in range(run.repeat):
+                    for call in calls:
+                        call()
+                    watchdog.steps += 1
+            if not prefill_done:
+                marks.mark()
+            marks.mark()
+        self.backend.synchronize()
+        return marks.elapsed_us()
+
+    def run(self, warmup: int, iterations: int, progress: bool) -> np.ndarray:
+        total = warmup + iterations
+        samples = []
+        start = last_report = time.monotonic()
+        for i in range(total):
+            self.watchdog.where = f"{'warm-up' if i < warmup else 'timed'} inference {i + 1}"
+            marks = self.inference()
+            if i >= warmup:
+                samples.append(marks)
+            now = time.monotonic()
+            if progress and now - start > 3 and now - last_report > 2 and i + 1 < total:
+                sys.stderr.write(f"[infercomm] inference {i + 1}/{total} "
+                                 f"({now - start:.1f} s)\n")
+                last_report = now
+        return np.vstack(samples)
+
+    def check(self) -> int:
+        """Issue one inference with known data; count the wrong elements on this rank."""
+        self.watchdog.where = "--check inference"
+        self.backend.barrier()
+        corrupt = faults.corrupts_inputs(self.backend.rank)
+        wrong = 0
+        for run in self.plan.runs:
+            for _ in range(run.repeat):
+                for op in run.ops:
+                    wrong += check.verify(op, self.backend.write, self.backend.read, corrupt)
+                self.watchdog.steps += 1
+        self.backend.synchronize()
+        return wrong
+
+
+def _count_then(step: int, action: Callable[[], None]) -> Callable[[], None]:
+    """A call added to every step that runs `action` during the `step`-th one (test faults)."""
+    count = 0
+
+    def hook() -> None:
+        nonlocal count
+        count += 1
+        if count == step:
+            action()
+    return hook

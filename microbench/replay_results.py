@@ -1,0 +1,89 @@
+"""Rank 0 turns every rank's samples into the run folder, the table and the last JSON line."""
+
+import argparse
+from typing import Any
+
+from microbench import aggregate
+from microbench.backends import Backend
+from microbench.plan import Plan
+from microbench.replay import RankSamples
+from microbench.replay_view import replay_table
+from microbench.results import base_meta, csv_text, json_text, write_run
+from patterns import Pattern
+
+ITERATION_COLUMNS = ["iteration", "prefill_us", "decode_us", "e2e_us", "decode_step_mean_us",
+                     "decode_step_median_us", "decode_step_p99_us", "decode_step_max_us"]
+OP_COLUMNS = ["iteration", "rank", "stage", "phase", "step", "call", "op", "tag", "group",
+              "bytes", "time_us"]
+
+
+def _ops_rows(pattern: Pattern, ranks: list[RankSamples]) -> list[dict[str, Any]]:
+    rows = []
+    for samples in ranks:
+        calls = []
+        step = 0
+        for run in pattern.stages[samples.stage]:
+            for _ in range(run.repeat):
+                calls += [(run.phase.value, step, index, op)
+                          for index, op in enumerate(run.step.ops)]
+                step += 1
+        times = aggregate.op_times(samples)
+        for i, per_call in enumerate(times):
+            for (phase, step, index, op), t in zip(calls, per_call, strict=True):
+                rows.append({"iteration": i, "rank": samples.rank, "stage": samples.stage,
+                             "phase": phase, "step": step, "call": index, "op": op.kind.value,
+                             "tag": op.tag, "group": op.group, "bytes": op.bytes,
+                             "time_us": round(float(t), 3)})
+    return rows
+
+
+def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.Namespace,
+                 gathered: list[tuple[RankSamples, list[str]]]) -> dict[str, Any]:
+    from microbench.replay_cmd import default_label, header_title, pattern_summary
+
+    ranks = [samples for samples, _ in gathered]
+    steps = pattern.workload.decode_steps
+    figures = aggregate.per_iteration(ranks, plan.prefill_steps)
+    head = aggregate.headline(figures, steps)
+    by_op = (aggregate.by_op_kind(ranks, [kinds for _, kinds in gathered])
+             if args.timing == "op" else {})
+    wrongs = [s.wrong for s in ranks]
+    wrong = None if any(w is None for w in wrongs) else sum(wrongs)
+    calls = max(pattern.calls_per_inference(s) for s in range(pattern.layout.pp))
+    hosts = [s.host for s in ranks]
+    summary: dict[str, Any] = {
+        "kind": "replay",
+        "backend": backend.name, "transport": backend.transport, "device": backend.device,
+        "world_size": backend.world_size, "hosts": hosts,
+        "model": pattern.model.name, "engine": pattern.engine,
+        "tp": pattern.layout.tp, "pp": pattern.layout.pp,
+        "prompt": pattern.workload.prompt, "decode": pattern.workload.decode,
+        "batch": pattern.workload.batch, "dtype": pattern.workload.dtype,
+        "iterations": args.iters, "warmup": args.warmup, "timing": args.timing,
+        "prefill_steps": plan.prefill_steps, "decode_steps": steps,
+        **head,
+        "calls_per_inference": calls, "by_op": by_op, "wrong": wrong,
+    }
+    meta = {**base_meta(args.argv), "kind": "replay", "backend": backend.name,
+            "transport": backend.transport, "device": backend.device,
+            "world_size": backend.world_size, "hosts": hosts, "launcher": args.launcher,
+            "versions": backend.versions(), "timing": args.timing, "iterations": args.iters,
+            "warmup": args.warmup, "check": args.check, "timeout_s": args.timeout,
+            "pattern": pattern_summary(pattern)}
+    files = {"meta.json": json_text(meta),
+             "iterations.csv": csv_text(aggregate.iteration_rows(figures, steps),
+                                        ITERATION_COLUMNS)}
+    if args.timing == "op":
+        files["ops.csv"] = csv_text(_ops_rows(pattern, ranks), OP_COLUMNS)
+    label = args.label or default_label(pattern, backend.name)
+    files["summary.json"] = json_text(summary)
+    folder = write_run(args.out, label, files)
+    # The folder's name is known once it is in place; the last line carries it.
+    summary["results_dir"] = str(folder)
+    print(replay_table(summary, header_title(pattern)))
+    last_keys = ["backend", "transport", "device", "world_size", "model", "engine", "tp", "pp",
+                 "prompt", "decode", "batch", "dtype", "iterations", "timing", "prefill_us",
+                 "decode_step_us", "decode_step_p99_us", "e2e_us", "calls_per_inference",
+                 "wrong", "results_dir"]
+    summary["last_line"] = {k: summary[k] for k in last_keys}
+    return summary

@@ -1,0 +1,44 @@
+"""The replay's table for people."""
+
+from typing import Any
+
+from microbench.textfmt import format_us, render_table
+
+
+def _us(value: float | None) -> str:
+    return format_us(value) if value is not None else "-"
+
+
+def replay_table(summary: dict[str, Any], title: str) -> str:
+    s = summary
+    lines = [
+        title,
+        f"backend {s['backend']} ({s['transport']}) on {s['device']}, {s['world_size']} ranks "
+        f"on {len(set(s['hosts']))} host(s); {s['iterations']} timed inferences after "
+        f"{s['warmup']} warm-up; timing per {s['timing']}; figures are the slowest rank's",
+        "",
+    ]
+    rows = [
+        ["prefill (TTFT share)", _us(s["prefill_us"]), f"{s['prefill_steps']} step(s)"],
+        ["decode step (TPOT share)", _us(s["decode_step_us"]), "median over decode steps"],
+        ["decode step p99", _us(s["decode_step_p99_us"]),
+         "" if s["decode_step_p99_us"] is not None else "needs --timing step or op"],
+        ["decode, all steps", _us(s["decode_us"]), f"{s['decode_steps']} steps"],
+        ["end to end", _us(s["e2e_us"]),
+         f"p5 {_us(s['e2e_p5_us'])}, p95 {_us(s['e2e_p95_us'])}"],
+    ]
+    lines.append(render_table(["communication of one inference", "median", "note"], rows,
+                              right_align={"median"}))
+    if s.get("by_op"):
+        # Each kind's time is its slowest rank's, so the kinds need not add up to the total.
+        op_rows = [[kind, f"{v['calls']:,}", _us(v["time_us"])]
+                   for kind, v in s["by_op"].items()]
+        lines += ["", render_table(["op", "calls/inference", "time/inference (slowest rank)"],
+                                   op_rows, right_align={"calls/inference",
+                                                         "time/inference (slowest rank)"})]
+    checked = ("not checked (add --check)" if s["wrong"] is None
+               else f"{s['wrong']} wrong elements" + (" (CHECK FAILED)" if s["wrong"] else ""))
+    lines += ["", f"calls per inference (busiest rank): {s['calls_per_inference']:,}; "
+                  f"data: {checked}",
+              f"results: {s['results_dir']}"]
+    return "\n".join(lines)

@@ -1,0 +1,105 @@
+"""Run folders: `<out>/<UTC timestamp>-<label>/`, written atomically, never overwritten."""
+
+import csv
+import io
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from microbench import __version__
+
+# Environment variables that change what a communication library does.
+_ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "UCX_", "MPIR_CVAR_", "MPICH_", "OMPI_MCA_",
+                 "PMIX_MCA_", "PRTE_MCA_", "GLOO_", "FI_", "I_MPI_", "CUDA_VISIBLE_DEVICES",
+                 "OMP_NUM_THREADS", "SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NTASKS",
+                 "SLURM_NNODES", "MASTER_ADDR", "MASTER_PORT")
+
+
+def relevant_environment() -> dict[str, str]:
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES)}
+
+
+def git_commit() -> str | None:
+    source = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"],
+                             capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    dirty = subprocess.run(["git", "-C", str(source), "status", "--porcelain", "--",
+                            "patterns", "microbench"], capture_output=True, text=True,
+                           timeout=10, check=False).stdout.strip()
+    return out.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def base_meta(argv: list[str]) -> dict[str, Any]:
+    """What every run records about how and where it ran."""
+    return {
+        "argv": argv,
+        "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
+        "infercomm": __version__,
+        "git_commit": git_commit(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "executable": sys.executable,
+        "environment": relevant_environment(),
+    }
+
+
+def csv_text(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
+    out = io.StringIO()
+    columns = columns or (list(rows[0]) if rows else [])
+    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+def _slug(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", label).strip("-") or "run"
+
+
+def write_run(out_dir: str | Path, label: str, files: dict[str, str]) -> Path:
+    """Write every file into a hidden folder, then rename it into place in one step.
+
+    A reader never sees a half-written run, and an existing run is never replaced: on a name
+    clash the new run gets a numeric suffix.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    name = f"{stamp}-{_slug(label)}"
+    tmp = out / f".tmp-{name}-{os.getpid()}"
+    tmp.mkdir()
+    for filename, text in files.items():
+        (tmp / filename).write_text(text)
+    for attempt in range(1, 1000):
+        final = out / (name if attempt == 1 else f"{name}-{attempt}")
+        try:
+            # rename() of a folder onto an existing non-empty folder fails, never merges
+            if final.exists():
+                continue
+            tmp.rename(final)
+            return final
+        except OSError:
+            continue
+    raise FileExistsError(f"no free run folder name for {name} in {out}")
+
+
+def json_text(document: Any) -> str:
+    return json.dumps(document, indent=2, sort_keys=False) + "\n"
+
+
+def read_run(folder: str | Path) -> dict[str, Any]:
+    """meta.json and summary.json of a run folder."""
+    path = Path(folder)
+    return {"meta": json.loads((path / "meta.json").read_text()),
+            "summary": json.loads((path / "summary.json").read_text())}
