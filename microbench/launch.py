@@ -72,7 +72,7 @@ def spawn_local(nproc: int, backend: str, argv: list[str]) -> int:
     """Run `infercomm ARGV` as N local ranks; return the first failing rank's status, or 0."""
     if backend == "mpi":
         cmd, env = mpi_command(nproc, argv)
-        procs = [subprocess.Popen(cmd, env=env)]
+        return _wait_all([subprocess.Popen(cmd, env=env)], ["mpiexec"])
     else:
         env = _base_env()
         env.update(WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
@@ -80,21 +80,22 @@ def spawn_local(nproc: int, backend: str, argv: list[str]) -> int:
         procs = [subprocess.Popen([sys.executable, "-m", "microbench", *argv],
                                   env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
                  for r in range(nproc)]
-    return _wait_all(procs)
+    return _wait_all(procs, [f"rank {r}" for r in range(nproc)])
 
 
-def _wait_all(procs: list[subprocess.Popen]) -> int:
+def _wait_all(procs: list[subprocess.Popen], names: list[str]) -> int:
     failed_at: float | None = None
     status = 0
     try:
-        while any(p.poll() is None for p in procs):
-            for rank, p in enumerate(procs):
+        while True:
+            for name, p in zip(names, procs, strict=True):
                 code = p.poll()
                 if code not in (None, 0) and failed_at is None:
                     failed_at, status = time.monotonic(), _exit_status(code)
-                    if len(procs) > 1:
-                        sys.stderr.write(f"infercomm: rank {rank} ended with "
-                                         f"{_describe(code)}; ending the other ranks\n")
+                    others = "; ending the other ranks" if len(procs) > 1 else ""
+                    sys.stderr.write(f"infercomm: error: {name} ended with {_describe(code)}{others}\n")
+            if all(p.poll() is not None for p in procs):
+                break
             if failed_at is not None and time.monotonic() - failed_at > GRACE_SECONDS:
                 break
             time.sleep(0.05)
@@ -108,9 +109,6 @@ def _wait_all(procs: list[subprocess.Popen]) -> int:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-    if status == 0:
-        codes = [p.returncode for p in procs if p.returncode]
-        status = _exit_status(codes[0]) if codes else 0
     return status
 
 
