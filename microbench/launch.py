@@ -93,7 +93,8 @@ def _wait_all(procs: list[subprocess.Popen], names: list[str]) -> int:
                 if code not in (None, 0) and failed_at is None:
                     failed_at, status = time.monotonic(), _exit_status(code)
                     others = "; ending the other ranks" if len(procs) > 1 else ""
-                    sys.stderr.write(f"infercomm: error: {name} ended with {_describe(code)}{others}\n")
+                    sys.stderr.write(f"infercomm: error: {name} ended with "
+                                     f"{_describe(code)}{others}\n")
             if all(p.poll() is not None for p in procs):
                 break
             if failed_at is not None and time.monotonic() - failed_at > GRACE_SECONDS:
