@@ -18,8 +18,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[torch,mpi,plot,dev]'
 	touch $(STAMP)
 
+# The main job: Llama-3.1-8B TP2 replayed on 2 local ranks, over gloo and over MPI.
+DEMO_PATTERN ?= --model llama-3.1-8b --tp 2 --prompt 128 --decode 128
 demo: setup
-	$(BIN)/infercomm pattern --model llama-3.1-8b --tp 2 --pp 2 --prompt 128 --decode 128
+	$(BIN)/infercomm replay $(DEMO_PATTERN) --backend torch --device cpu -n 5 -w 1 --check
+	$(BIN)/infercomm replay $(DEMO_PATTERN) --backend mpi --device cpu -n 5 -w 1 --check
 
 lint: setup
 	$(BIN)/ruff check .
@@ -29,6 +32,8 @@ test: lint
 
 bench: setup
 	$(BIN)/python benchmarks/pattern_generation.py
+	$(BIN)/python benchmarks/replay_overhead.py --backend mpi
+	$(BIN)/python benchmarks/replay_overhead.py --backend torch -n 5
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache

@@ -1,0 +1,41 @@
+"""Rank, world and rendezvous from each launcher's variables (no processes started)."""
+
+import pytest
+
+from microbench.dist import detect, first_slurm_host, slurm_port
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "h1",
+      "MASTER_PORT": "1234"}, ("torchrun", 3, 4, 1, "h1", 1234)),
+    ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "8",
+      "OMPI_COMM_WORLD_LOCAL_RANK": "2"}, ("openmpi", 2, 8, 2, "127.0.0.1", 29500)),
+    ({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1"},
+     ("pmi", 1, 2, 1, "127.0.0.1", 29500)),
+    # srun: the first node of the job and a port derived from the job id (20000 + 4242).
+    ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "4242",
+      "SLURM_JOB_NODELIST": "gpu[003-004]"}, ("slurm", 5, 8, 1, "gpu003", 24242)),
+    # srun --mpi=pmi2 sets PMI_* too: PMI wins, and Slurm still gives the rendezvous.
+    ({"PMI_RANK": "0", "PMI_SIZE": "4", "SLURM_PROCID": "0", "SLURM_NTASKS": "4",
+      "SLURM_JOB_ID": "45000", "SLURM_STEP_NODELIST": "n1,n2"},
+     ("pmi", 0, 4, 0, "n1", 25000)),
+])
+def test_detect(env, expected):
+    d = detect(env)
+    assert (d.launcher, d.rank, d.world_size, d.local_rank, d.master_addr,
+            d.master_port) == expected
+
+
+def test_no_launcher():
+    assert detect({"HOME": "/root"}) is None
+
+
+@pytest.mark.parametrize("nodelist, first", [("node1", "node1"), ("n[1-2]", "n1"),
+                                             ("gpu[009,011-012],login", "gpu009"),
+                                             ("a-b[10-11]", "a-b10")])
+def test_first_slurm_host(nodelist, first):
+    assert first_slurm_host(nodelist) == first
+
+
+def test_slurm_port_without_job():
+    assert slurm_port("") == 29500 and slurm_port("39999") == 39999
