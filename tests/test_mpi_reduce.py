@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("mpi4py")
-from microbench.backends.mpi_reduce import bf16_to_f32, f32_to_bf16  # noqa: E402
+from microbench.backends.mpi_reduce import bf16_to_f32, f32_to_bf16
 
 
 def test_round_to_nearest_even():
