@@ -63,7 +63,11 @@ def slurm_cluster() -> Iterator[dict[str, str]]:
             pytest.skip("Slurm is not installed and there is no apt-get to install it")
         if os.geteuid() != 0:
             pytest.skip("Slurm is not installed and installing it needs root")
-    atexit.register(_down)
+    # A cluster someone else started (another pytest, a developer) is used but left running;
+    # one this session starts is always stopped, even when a test fails.
+    started_here = _cluster("status", 10).returncode != 0
+    if started_here:
+        atexit.register(_down)
     try:
         try:
             up = _cluster("up", UP_TIMEOUT_S)
@@ -76,7 +80,8 @@ def slurm_cluster() -> Iterator[dict[str, str]]:
         env |= {"SLURM_CONF": conf, "OMP_NUM_THREADS": "1"}
         yield env
     finally:
-        _down()
+        if started_here:
+            _down()
 
 
 def wait_for_job(job_id: str, env: dict[str, str], timeout: float) -> tuple[str, str]:
