@@ -16,6 +16,10 @@ COMMAND_MODULES = (
     "microbench.models_cmd",
     "microbench.pattern_cmd",
     "microbench.replay_cmd",
+    "microbench.sweep_cmd",
+    "microbench.compare_cmd",
+    "microbench.predict_cmd",
+    "microbench.report_cmd",
 )
 
 EXAMPLES = """\

@@ -35,7 +35,7 @@ def git_commit() -> str | None:
     if out.returncode != 0:
         return None
     dirty = subprocess.run(["git", "-C", str(source), "status", "--porcelain", "--",
-                            "patterns", "microbench"], capture_output=True, text=True,
+                            ":/patterns", ":/microbench"], capture_output=True, text=True,
                            timeout=10, check=False).stdout.strip()
     return out.stdout.strip() + ("-dirty" if dirty else "")
 

@@ -14,9 +14,10 @@ TIMEOUT_EXIT_STATUS = 124  # as timeout(1)
 
 
 class Watchdog:
-    def __init__(self, timeout: float, rank: int) -> None:
+    def __init__(self, timeout: float, rank: int, command: str = "replay") -> None:
         self.timeout = timeout
         self.rank = rank
+        self.command = command
         self.steps = 0  # bumped by the replay loop; read here
         self.where = "start-up"
         self._done = threading.Event()
@@ -39,7 +40,7 @@ class Watchdog:
                 seen, since = self.steps, now
             elif now - since > self.timeout:
                 sys.stderr.write(
-                    f"infercomm replay: error: rank {self.rank}: no progress for "
+                    f"infercomm {self.command}: error: rank {self.rank}: no progress for "
                     f"{self.timeout:g} s during {self.where}; a rank failed or hung, "
                     "ending the run\n")
                 sys.stderr.flush()

@@ -1,0 +1,288 @@
+"""From run folders to the report's tables and figures, and to one self-contained HTML page.
+
+Everything comes from the files runs wrote (and, for patterns, from `patterns`, which is pure
+computation): nothing is rerun.
+"""
+
+import base64
+import html
+import io
+import json
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from microbench import figures
+from microbench.argtypes import UsageError
+from microbench.compare import compare_runs, mismatch
+from microbench.runs import RunFolder, replay_samples, run_pattern, sweep_table
+from microbench.textfmt import format_us
+from patterns import ConfigError, Layout, Pattern, generate, pattern_rows, volume_bytes
+
+DECODE_LENGTHS = (1, 4, 16, 64, 256, 1024, 4096)
+
+
+@dataclass
+class Entry:
+    name: str  # file stem for `plot`
+    title: str
+    figure: Any
+    caption: str
+
+
+def _letter(i: int) -> str:
+    return chr(ord("A") + i)
+
+
+def phase_rows(runs: list[tuple[str, RunFolder]]) -> list[dict[str, Any]]:
+    rows = []
+    for label, run in runs:
+        row: dict[str, Any] = {"label": label}
+        for key, samples in replay_samples(run).items():
+            row[key] = float(np.median(samples))
+            row[f"{key}_p5"], row[f"{key}_p95"] = map(float, np.percentile(samples, [5, 95]))
+        rows.append(row)
+    return rows
+
+
+def op_rows(runs: list[tuple[str, RunFolder]]) -> list[dict[str, Any]]:
+    return [{"label": label, "kind": key.removesuffix("_us"), "time_us": float(np.median(v))}
+            for label, run in runs for key, v in replay_samples(run).items()
+            if key not in ("prefill_us", "decode_step_us", "e2e_us")]
+
+
+def layouts_for(pattern: Pattern) -> list[Layout]:
+    """Every (tp, pp) with tp x pp = the run's world size that the model accepts."""
+    world = pattern.layout.world_size
+    out = []
+    for tp in range(1, world + 1):
+        if world % tp:
+            continue
+        try:
+            layout = Layout(tp=tp, pp=world // tp)
+            layout.check_model(pattern.model)
+        except ConfigError:
+            continue
+        out.append(layout)
+    return out
+
+
+def _name(layout: Layout) -> str:
+    if layout.pp == 1:
+        return f"TP{layout.tp}"
+    return f"PP{layout.pp}" if layout.tp == 1 else f"TP{layout.tp}xPP{layout.pp}"
+
+
+def volume_rows(pattern: Pattern) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volume by kind per layout at the run's workload, total volume vs decode length)."""
+    by_layout, by_decode = [], []
+    for layout in layouts_for(pattern):
+        try:
+            vol = volume_bytes(generate(pattern.engine, pattern.model, layout,
+                                        pattern.workload, pattern.options))
+            row: dict[str, Any] = {"layout": _name(layout)}
+            row.update({k: float(v) for k, v in vol.items() if k not in ("p2p", "total")})
+            by_layout.append(row)
+            for sd in sorted({*DECODE_LENGTHS, pattern.workload.decode}):
+                w = replace(pattern.workload, decode=sd)
+                total = volume_bytes(generate(pattern.engine, pattern.model, layout, w,
+                                              pattern.options))["total"]
+                by_decode.append({"layout": _name(layout), "decode": sd,
+                                  "volume_bytes": float(total)})
+        except (ConfigError, ValueError):  # a layout the engine or the volume rules refuse
+            continue
+    return by_layout, by_decode
+
+
+def sweep_rows(runs: list[tuple[str, RunFolder]]) -> list[dict[str, Any]]:
+    return [{**row, "label": f"{label}: {run.library()}"}
+            for label, run in runs for row in sweep_table(run)]
+
+
+def comparison_rows(runs: list[tuple[str, RunFolder]], threshold: float,
+                    notes: list[str]) -> list[dict[str, Any]]:
+    """Each same-kind run against the first of its kind; runs that differ are left out."""
+    rows = []
+    for kind in ("replay", "sweep"):
+        mine = [(label, run) for label, run in runs if run.kind == kind]
+        if len(mine) < 2:
+            continue
+        kept = [mine[0]]
+        for label, run in mine[1:]:
+            why = mismatch(mine[0][1], run)
+            if why:
+                notes.append(f"{label} not compared with {mine[0][0]}: {why}")
+            else:
+                kept.append((label, run))
+        if len(kept) < 2:
+            continue
+        letters = {str(run.path): label for label, run in kept}
+        for c in compare_runs([run for _, run in kept], threshold):
+            rows.append({**c.as_dict(), "label": f"{c.metric} {letters[c.run]}/{kept[0][0]}"})
+    return rows
+
+
+def _pattern_or_note(label: str, run: RunFolder, notes: list[str]) -> Pattern | None:
+    """The run's pattern; when it cannot be rebuilt (a config.json since moved), a note."""
+    try:
+        return run_pattern(run)
+    except UsageError as err:
+        notes.append(f"{label}: no pattern figures: {err}")
+        return None
+
+
+def predicted_rows(runs: list[tuple[str, RunFolder]], sweep: RunFolder,
+                   notes: list[str]) -> list[dict[str, Any]]:
+    from microbench.predict import fit_sweep, predict_pattern
+
+    fits = fit_sweep(sweep_table(sweep))
+    rows = []
+    for label, run in runs:
+        if run.kind != "replay":
+            continue
+        pattern = _pattern_or_note(label, run, notes)
+        if pattern is None:
+            continue
+        predicted, _ = predict_pattern(pattern, fits)
+        measured = {k: float(np.median(v)) for k, v in replay_samples(run).items()}
+        rows += [{"label": f"{label} {k}", "metric": k, "predicted_us": v,
+                  "measured_us": measured.get(k)} for k, v in predicted.items()]
+    return rows
+
+
+def build(paths: list[RunFolder], sweep: RunFolder | None, threshold: float,
+          ) -> tuple[list[Entry], dict[str, Any]]:
+    """Every figure the runs allow, and the tables the page shows beside them."""
+    if not paths:
+        raise UsageError("give at least one run folder")
+    runs = [(_letter(i), run) for i, run in enumerate(paths)]
+    replays = [(label, r) for label, r in runs if r.kind == "replay"]
+    sweeps = [(label, r) for label, r in runs if r.kind == "sweep"]
+    notes: list[str] = []
+    entries: list[Entry] = []
+    tables: dict[str, Any] = {"notes": notes}
+    if replays:
+        rows = phase_rows(replays)
+        tables["phases"] = rows
+        entries.append(Entry("phase_times", "Time per phase", figures.phase_times(rows),
+                             "Median over timed inferences, whiskers p5-p95; each inference "
+                             "counts its slowest rank."))
+        ops = op_rows(replays)
+        if ops:
+            entries.append(Entry("op_kind_times", "Time per op kind",
+                                 figures.op_kind_times(ops),
+                                 "Per inference, the summed time of each kind's calls on its "
+                                 "slowest rank (runs with --timing op)."))
+        seen: set[str] = set()
+        for label, run in replays:
+            pattern = _pattern_or_note(label, run, notes)
+            if pattern is None:
+                continue
+            key = json.dumps({k: run.meta["pattern"].get(k) for k in
+                              ("model", "layout", "workload", "engine")}, sort_keys=True)
+            if key in seen:
+                continue
+            seen.add(key)
+            suffix = f"_{label}" if len(replays) > 1 else ""
+            title = (f"{pattern.model.name}, prompt {pattern.workload.prompt}, "
+                     f"decode {pattern.workload.decode}")
+            hist = [{"op": r.op, "bytes": r.bytes, "count": r.count}
+                    for r in pattern_rows(pattern)]
+            entries.append(Entry(f"message_sizes{suffix}", f"Message sizes ({label})",
+                                 figures.message_histogram(hist, title),
+                                 f"Calls per inference by size, {_name(pattern.layout)}: "
+                                 "every stage's calls, one rank per stage."))
+            by_layout, by_decode = volume_rows(pattern)
+            if by_layout:
+                entries.append(Entry(f"volume_by_layout{suffix}", f"Volume by layout ({label})",
+                                     figures.volume_by_layout(by_layout, title),
+                                     f"Layouts of {pattern.layout.world_size} ranks; every "
+                                     "call of the deployment counted once (patterns."
+                                     "volume_bytes)."))
+                entries.append(Entry(f"volume_vs_decode{suffix}",
+                                     f"Volume vs decode length ({label})",
+                                     figures.volume_vs_decode(by_decode, pattern.model.name),
+                                     "Total volume of one inference as Sd grows."))
+    if sweeps:
+        rows = sweep_rows(sweeps)
+        entries.append(Entry("sweep_latency", "Latency vs size", figures.sweep_latency(rows),
+                             "Median time per call (slowest rank), band p5-p95."))
+        entries.append(Entry("sweep_busbw", "Bus bandwidth vs size", figures.sweep_busbw(rows),
+                             "nccl-tests' bus bandwidth: algbw x the collective's factor."))
+    comparisons = comparison_rows(runs, threshold, notes)
+    if comparisons:
+        tables["comparisons"] = comparisons
+        entries.append(Entry("ratios", "Run vs baseline", figures.ratios(comparisons),
+                             "Ratio of medians with its 95% bootstrap interval; green faster, "
+                             "red slower, grey cannot tell."))
+    predicted = predicted_rows(replays, sweep, notes) if sweep is not None else []
+    if predicted and sweep is not None:
+        tables["predicted"] = predicted
+        entries.append(Entry("predicted_vs_measured", "Predicted vs measured",
+                             figures.predicted_vs_measured(predicted),
+                             f"alpha-beta fits of sweep {sweep.name} summed over the pattern."))
+    tables["runs"] = runs
+    return entries, tables
+
+
+def png_bytes(figure: Any) -> bytes:
+    out = io.BytesIO()
+    figure.savefig(out, format="png")
+    return out.getvalue()
+
+
+CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
+table{border-collapse:collapse;margin:1em 0;font-size:0.9em}td,th{border:1px solid #ccc;
+padding:3px 8px;text-align:right}th{background:#f3f3f3}td:first-child{text-align:left}
+figure{margin:1.5em 0}img{max-width:100%}figcaption{color:#555;font-size:0.9em}
+code{background:#f3f3f3;padding:0 3px}"""
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>"
+                   for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _us(value: Any) -> str:
+    return "-" if value is None else format_us(float(value))
+
+
+def render_html(entries: list[Entry], tables: dict[str, Any]) -> str:
+    runs: list[tuple[str, RunFolder]] = tables["runs"]
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>infercomm report"
+             f"</title><style>{CSS}</style></head><body><h1>infercomm report</h1>",
+             "<h2>Runs</h2>",
+             _table(["", "folder", "kind", "backend", "created (UTC)", "git"],
+                    [[label, run.name, run.kind, run.describe(),
+                      run.meta.get("created_utc", ""), run.meta.get("git_commit") or ""]
+                     for label, run in runs])]
+    if "phases" in tables:
+        parts.append("<h2>Communication of one inference</h2>")
+        parts.append(_table(["run", "prefill", "decode step", "end to end"],
+                            [[r["label"], _us(r.get("prefill_us")),
+                              _us(r.get("decode_step_us")), _us(r.get("e2e_us"))]
+                             for r in tables["phases"]]))
+    if "comparisons" in tables:
+        parts.append("<h2>Run vs baseline</h2>")
+        parts.append(_table(["metric", "baseline", "run", "ratio", "95% CI", "verdict"],
+                            [[c["label"], _us(c["a_median_us"]), _us(c["b_median_us"]),
+                              f"{c['ratio']:.3f}", f"[{c['ci_low']:.3f}, {c['ci_high']:.3f}]",
+                              c["verdict"]] for c in tables["comparisons"]]))
+    if "predicted" in tables:
+        parts.append("<h2>Predicted vs measured</h2>")
+        parts.append(_table(["metric", "predicted", "measured"],
+                            [[r["label"], _us(r["predicted_us"]), _us(r["measured_us"])]
+                             for r in tables["predicted"]]))
+    for note in tables["notes"]:
+        parts.append(f"<p>Note: {html.escape(note)}</p>")
+    parts.append("<h2>Figures</h2>")
+    for e in entries:
+        data = base64.b64encode(png_bytes(e.figure)).decode("ascii")
+        parts.append(f"<figure><img alt='{html.escape(e.title)}' src='data:image/png;base64,"
+                     f"{data}'><figcaption><b>{html.escape(e.title)}.</b> "
+                     f"{html.escape(e.caption)}</figcaption></figure>")
+    parts.append("</body></html>\n")
+    return "\n".join(parts)

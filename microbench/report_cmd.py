@@ -1,0 +1,105 @@
+"""`infercomm report` (one self-contained HTML page) and `infercomm plot` (the same figures
+as PNG files), both from result files only."""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from microbench.argtypes import UsageError
+from microbench.runs import RunFolder, load_run
+
+EXAMPLES = """\
+examples:
+  infercomm report results/REPLAY_A results/REPLAY_B results/SWEEP -o report.html
+  infercomm report results/REPLAY --sweep results/SWEEP -o report.html  (predicted vs measured)
+  infercomm plot results/SWEEP_NCCL results/SWEEP_MPI -o figures/
+"""
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("runs", nargs="+", metavar="RUN", help="replay or sweep run folders; "
+                        "the first of each kind is the baseline of the ratios")
+    parser.add_argument("--sweep", default=None, metavar="SWEEP_RUN",
+                        help="a sweep run whose fits predict the replays (predicted vs "
+                             "measured)")
+    parser.add_argument("--threshold", type=float, default=0.05,
+                        help="regression threshold used by the ratios' verdicts (default 0.05)")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    report = subparsers.add_parser(
+        "report", help="one self-contained HTML page of figures and tables from runs",
+        description="Time per phase and op kind, message sizes, volume by layout, latency and "
+                    "bus bandwidth vs size, run-vs-run ratios and predicted vs measured, in "
+                    "one HTML file with its figures embedded (no network needed to view it).",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(report)
+    report.add_argument("-o", "--output", default="report.html",
+                        help="the HTML file to write (default report.html)")
+    report.set_defaults(run=run_report)
+    plot = subparsers.add_parser(
+        "plot", help="the report's figures as PNG files",
+        description="Write each figure of `infercomm report` as a PNG file into a folder.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(plot)
+    plot.add_argument("-o", "--output", default="figures",
+                      help="the folder to write PNG files into (default figures/)")
+    plot.set_defaults(run=run_plot)
+
+
+def _inputs(args: argparse.Namespace) -> tuple[list[RunFolder], RunFolder | None]:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError("figures need matplotlib: pip install 'infercomm[plot]'") from None
+    runs = [load_run(p) for p in args.runs]
+    sweep = load_run(args.sweep) if args.sweep else None
+    if sweep is not None and sweep.kind != "sweep":
+        raise UsageError(f"--sweep {args.sweep}: a {sweep.kind} run; pass a sweep run")
+    return runs, sweep
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from microbench.report import build, render_html
+
+    runs, sweep = _inputs(args)
+    out = Path(args.output)
+    if out.is_dir():
+        raise UsageError(f"-o {args.output} is a folder; name the HTML file to write")
+    entries, tables = build(runs, sweep, args.threshold)
+    page = render_html(entries, tables)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(page)
+    except OSError as err:
+        raise UsageError(f"-o {args.output}: cannot write ({err.strerror})") from None
+    for note in tables["notes"]:
+        sys.stderr.write(f"infercomm report: {note}\n")
+    print(f"report: {out} ({len(page) // 1024} KiB, {len(entries)} figures: "
+          f"{', '.join(e.name for e in entries)})")
+    print(json.dumps({"report": str(out), "figures": [e.name for e in entries],
+                      "bytes": len(page)}, separators=(",", ":")))
+    return 0
+
+
+def run_plot(args: argparse.Namespace) -> int:
+    from microbench.report import build, png_bytes
+
+    runs, sweep = _inputs(args)
+    folder = Path(args.output)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"-o {args.output}: cannot create the folder ({err.strerror})") from None
+    entries, tables = build(runs, sweep, args.threshold)
+    files = []
+    for e in entries:
+        path = folder / f"{e.name}.png"
+        path.write_bytes(png_bytes(e.figure))
+        files.append(str(path))
+        print(f"{path}  {e.title}")
+    for note in tables["notes"]:
+        sys.stderr.write(f"infercomm plot: {note}\n")
+    print(json.dumps({"files": files}, separators=(",", ":")))
+    return 0
