@@ -36,11 +36,18 @@ class RankSamples:
 
 
 class Replayer:
-    def __init__(self, plan: Plan, backend: Backend, level: str, watchdog: Watchdog) -> None:
+    def __init__(self, plan: Plan, backend: Backend, level: str, watchdog: Watchdog,
+                 graph: str = "none") -> None:
         self.plan, self.backend, self.level, self.watchdog = plan, backend, level, watchdog
+        self.graph = graph
+        if graph == "decode":  # decode runs' calls become one graph launch per step
+            from microbench.graphs import resolve_mode, use_graphs
+            resolve_mode(graph, backend.name, backend.device, level)
+            watchdog.where = "CUDA graph capture of the decode steps"
+            use_graphs(plan, backend)
         calls, steps = plan.calls_per_inference, plan.steps_per_inference
         capacity = {"inference": 3, "step": steps + 1, "op": calls + 1}[level]
-        self.marks = make_marks(backend.device, capacity)
+        self.marks = make_marks(backend.device, capacity, getattr(backend, "stream", None))
         if level == "inference":
             self.prefill_mark, self.step_marks = 1, []
         elif level == "step":

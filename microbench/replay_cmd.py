@@ -9,6 +9,7 @@ from typing import Any
 
 from microbench import dist, launch
 from microbench.argtypes import UsageError, non_negative_int, positive_int
+from microbench.graphs import MODES, resolve_mode
 from microbench.pattern_args import add_pattern_arguments, pattern_from_args
 from microbench.pattern_view import pattern_document, title
 from microbench.replay import LEVELS, RankSamples, Replayer
@@ -34,6 +35,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_run_arguments(parser)
     parser.add_argument("--timing", choices=LEVELS, default="step",
                         help="marks per inference, per step (default) or per call")
+    parser.add_argument("--graph", choices=MODES, default=None,
+                        help="decode: capture each decode step in a CUDA graph and replay it, "
+                             "prefill eager, as vLLM does (default on CUDA for torch and nccl, "
+                             "except with --timing op); none: every call eager")
     parser.add_argument("--label", default=None,
                         help="run folder label (default replay-MODEL-tpTppP-BACKEND)")
     parser.set_defaults(run=run)
@@ -42,8 +47,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """Options every measuring command shares (replay, sweep)."""
     group = parser.add_argument_group("run")
-    group.add_argument("--backend", choices=("torch", "mpi"), default="torch",
-                       help="torch (NCCL on GPUs, gloo on CPUs) or mpi (mpi4py)")
+    group.add_argument("--backend", choices=("torch", "mpi", "nccl"), default="torch",
+                       help="torch (NCCL on GPUs, gloo on CPUs), mpi (mpi4py) or nccl (NCCL "
+                            "through CuPy, without torch.distributed)")
     group.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                        help="buffers on cpu or cuda (default: cuda when available)")
     group.add_argument("-n", "--iters", type=positive_int, default=10,
@@ -65,16 +71,24 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--out", default="results", help="results folder (default results/)")
 
 
-def resolve_device(requested: str) -> str:
+def resolve_device(requested: str, backend: str = "torch") -> str:
     if requested != "auto":
-        if requested == "cuda" and not _cuda_available():
+        if requested == "cuda" and not _cuda_available(backend):
             raise UsageError("--device cuda asked for, but no CUDA device is visible; "
                              "use --device cpu")
         return requested
-    return "cuda" if _cuda_available() else "cpu"
+    return "cuda" if _cuda_available(backend) else "cpu"
 
 
-def _cuda_available() -> bool:
+def _cuda_available(backend: str = "torch") -> bool:
+    """Whether the library behind `backend` sees a CUDA device: CuPy for nccl (which works
+    beside a CPU build of torch), torch for the others (their device buffers are torch's)."""
+    if backend == "nccl":
+        try:
+            import cupy
+            return int(cupy.cuda.runtime.getDeviceCount()) > 0
+        except Exception:  # no CuPy, no driver or no device: CuPy raises its own errors
+            return False
     try:
         import torch
     except ImportError:
@@ -105,8 +119,23 @@ def check_out_dir(out: str) -> None:
         raise UsageError(f"--out {out!r} is not a folder; pass a writable folder")
 
 
+def check_backend_options(args: argparse.Namespace) -> None:
+    """Refusals that need no rank (one line, exit 2, before any process starts)."""
+    if args.backend == "nccl":
+        from microbench.backends.nccl_backend import require_cupy
+        require_cupy()
+        if args.device == "cpu":
+            raise UsageError("the nccl backend runs on CUDA devices only; drop --device cpu "
+                             "or use --backend torch")
+    device = args.device
+    if args.graph == "decode" and device == "auto":
+        device = resolve_device(device, args.backend)  # a CPU-only machine: refuse here
+    resolve_mode(args.graph, args.backend, device, args.timing)
+
+
 def run(args: argparse.Namespace) -> int:
     pattern = pattern_from_args(args)  # bad input ends here, before any process or file
+    check_backend_options(args)
     env = dist.detect()
     if args.nproc is not None or env is None:
         nproc = args.nproc or pattern.layout.world_size
@@ -125,12 +154,13 @@ def run_rank(pattern: Pattern, env: dist.DistEnv, args: argparse.Namespace) -> i
 
     watchdog = Watchdog(args.timeout, env.rank).start()
     try:
-        device = resolve_device(args.device)
+        device = resolve_device(args.device, args.backend)
+        args.graph = resolve_mode(args.graph, args.backend, device, args.timing)
         backend = open_backend(args.backend, env=env, device=device, timeout=args.timeout,
                                staging=args.mpi_staging)
         watchdog.where = "group creation"
         plan = build_plan(pattern, backend)
-        replayer = Replayer(plan, backend, args.timing, watchdog)
+        replayer = Replayer(plan, backend, args.timing, watchdog, args.graph)
         marks = replayer.run(args.warmup, args.iters, progress=backend.rank == 0)
         wrong = replayer.check() if args.check else None
         watchdog.where = "collecting results"

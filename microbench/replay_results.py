@@ -60,6 +60,7 @@ def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.
         "prompt": pattern.workload.prompt, "decode": pattern.workload.decode,
         "batch": pattern.workload.batch, "dtype": pattern.workload.dtype,
         "iterations": args.iters, "warmup": args.warmup, "timing": args.timing,
+        "graph": args.graph,
         "prefill_steps": plan.prefill_steps, "decode_steps": steps,
         **head,
         "calls_per_inference": calls, "by_op": by_op, "wrong": wrong,
@@ -67,7 +68,8 @@ def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.
     meta = {**base_meta(args.argv), "kind": "replay", "backend": backend.name,
             "transport": backend.transport, "device": backend.device,
             "world_size": backend.world_size, "hosts": hosts, "launcher": args.launcher,
-            "versions": backend.versions(), "timing": args.timing, "iterations": args.iters,
+            "versions": backend.versions(), "timing": args.timing, "graph": args.graph,
+            "iterations": args.iters,
             "warmup": args.warmup, "check": args.check, "timeout_s": args.timeout,
             "pattern": pattern_summary(pattern)}
     files = {"meta.json": json_text(meta),

@@ -5,6 +5,8 @@ the inference, so nothing on the replay path waits for the device.
 """
 
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
@@ -39,25 +41,43 @@ class CpuMarks:
 
 
 class CudaMarks:
-    """CUDA events recorded on the current stream, which waits for each communication call."""
+    """CUDA events recorded on the communication stream, which waits for (or runs) every call.
 
-    def __init__(self, capacity: int) -> None:
-        import torch
-        self._events: list[Any] = [torch.cuda.Event(enable_timing=True) for _ in range(capacity)]
+    `stream` is the backend's: torch's current stream (torch.distributed makes it wait for
+    each NCCL call), or the CuPy stream the nccl backend issues its calls and graphs on, in
+    which case CuPy events are used. None records on torch's current stream.
+    """
+
+    def __init__(self, capacity: int, stream: Any = None) -> None:
+        if stream is not None and type(stream).__module__.startswith("cupy"):
+            import cupy
+            self._events: list[Any] = [cupy.cuda.Event() for _ in range(capacity)]
+            self._elapsed_ms: Callable[[Any, Any], float] = cupy.cuda.get_elapsed_time
+        else:
+            import torch
+            self._events = [torch.cuda.Event(enable_timing=True) for _ in range(capacity)]
+            self._elapsed_ms = _torch_elapsed_ms
+        # One bound call per mark, made once, so a mark costs one event record and no lookup.
+        self._records = [partial(event.record, stream) for event in self._events]
         self._count = 0
 
     def reset(self) -> None:
         self._count = 0
 
     def mark(self) -> None:
-        self._events[self._count].record()
+        self._records[self._count]()
         self._count += 1
 
     def elapsed_us(self) -> np.ndarray:
-        first = self._events[0]
-        return np.array([first.elapsed_time(e) * 1e3 for e in self._events[:self._count]],
+        first, elapsed = self._events[0], self._elapsed_ms
+        return np.array([elapsed(first, e) * 1e3 for e in self._events[:self._count]],
                         dtype=np.float64)
 
 
-def make_marks(device: str, capacity: int) -> Marks:
-    return CudaMarks(capacity) if device == "cuda" else CpuMarks(capacity)
+def _torch_elapsed_ms(start: Any, end: Any) -> float:
+    return float(start.elapsed_time(end))
+
+
+def make_marks(device: str, capacity: int, stream: Any = None) -> Marks:
+    """CUDA events on `stream` (the backend's communication stream) on GPUs, else a clock."""
+    return CudaMarks(capacity, stream) if device == "cuda" else CpuMarks(capacity)

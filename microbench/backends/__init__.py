@@ -71,6 +71,7 @@ class Backend(Protocol):
 BACKENDS: dict[str, str] = {
     "torch": "microbench.backends.torch_backend",
     "mpi": "microbench.backends.mpi_backend",
+    "nccl": "microbench.backends.nccl_backend",
 }
 
 _FACTORIES: dict[str, Callable[..., Backend]] = {}

@@ -80,16 +80,24 @@ class MpiBackend:
                                     device="cuda")
         return _DeviceBuffer(device_tensor, host, dtype)
 
-    def _spec(self, buffer: Any) -> list[Any]:
-        data = buffer.host if self.staging or self.device == "cpu" else buffer.device
+    def _spec(self, buffer: Any, staged: bool) -> list[Any]:
+        data = buffer.host if staged or self.device == "cpu" else buffer.device
         return [data, self.types.mpi_type(buffer.dtype)]
+
+    def staged_reduction(self, kind: str, dtype: str) -> bool:
+        """A user-defined sum (bf16; fp16 without MPIX_C_FLOAT16) runs in Python on host
+        memory: with device buffers its reductions go through the host even when MPI is
+        CUDA-aware (the library would hand the operation device pointers)."""
+        return (self.device == "cuda" and kind in ("allreduce", "reducescatter")
+                and self.types.sum_op(dtype) != MPI.SUM)
 
     def bind(self, kind: str, group: Group, send: Any, recv: Any,
              peer_or_root: int | None) -> BoundCall:
         comm = group.handle
-        s = self._spec(send) if send is not None else None
-        r = self._spec(recv) if recv is not None else None
         dtype = send.dtype if send is not None else recv.dtype
+        staged = self.staging or self.staged_reduction(kind, dtype)
+        s = self._spec(send, staged) if send is not None else None
+        r = self._spec(recv, staged) if recv is not None else None
         match kind:
             case "allreduce":
                 call = partial(comm.Allreduce, MPI.IN_PLACE, s, self.types.sum_op(dtype))
@@ -109,9 +117,13 @@ class MpiBackend:
                 call = partial(comm.Recv, r, source=peer_or_root)
             case _:
                 raise ValueError(f"mpi backend cannot issue {kind!r}")
-        if not self.staging:
+        if not staged:
             return call
-        return partial(_staged, call, send, recv if recv is not None else send)
+        # Copy out only what the call writes: in place for allreduce and broadcast; nothing
+        # for a send or off the root of a gather.
+        in_place = kind in ("allreduce", "broadcast")
+        written = recv if recv is not None else (send if in_place else None)
+        return partial(_staged, call, send, written)
 
     def write(self, buffer: Any, values: np.ndarray) -> None:
         buffer.host[:] = self.types.to_storage(buffer.dtype, values)
@@ -139,6 +151,9 @@ class MpiBackend:
                                 "mpi_standard": "{}.{}".format(*MPI.Get_version()),
                                 "numpy": np.__version__, "cuda_aware": self.cuda_aware,
                                 "float16_reductions": self.types.reductions()}
+        if self.device == "cuda" and not self.staging:
+            info["staged_reductions"] = [d for d in ("bf16", "fp16")
+                                         if self.staged_reduction("allreduce", d)]
         if self.device == "cuda":
             info["torch"] = self._torch.__version__
             info["gpu"] = self._torch.cuda.get_device_name()
@@ -175,9 +190,10 @@ def _same_width_int(array: np.ndarray) -> type:
     return {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}[array.itemsize]
 
 
-def _staged(call: BoundCall, send: Any, recv: Any) -> None:
+def _staged(call: BoundCall, send: Any, written: Any) -> None:
     """Host staging: device -> host, the MPI call on host memory, host -> device."""
     if send is not None:
         send.pull()
     call()
-    recv.push()
+    if written is not None:
+        written.push()

@@ -42,6 +42,12 @@ class TorchBackend:
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
 
+    @property
+    def stream(self) -> Any:
+        """Where CUDA events go: the current stream, which waits for every NCCL call (and
+        where CUDA-graph launches run); None on CPUs."""
+        return torch.cuda.current_stream() if self.device == "cuda" else None
+
     def new_group(self, name: str, ranks: list[int]) -> Group:
         handle = dist.new_group(ranks) if len(ranks) < self.world_size else dist.group.WORLD
         index = ranks.index(self.rank) if self.rank in ranks else -1

@@ -1,0 +1,138 @@
+"""`--graph decode`: each decode step captured once in a CUDA graph and replayed, as vLLM does.
+
+vLLM runs the prefill eagerly and every decode step as one CUDA-graph launch, so the host
+issues one launch per step instead of ~65 library calls. Here each decode run of the plan
+(a run is a stretch of identical steps; consecutive runs always differ) gets one graph of
+its step, and the run's calls become that graph's launch; the prefill stays eager. Calls
+inside a graph cannot be timed one by one, so op-level timing refuses graphs; step and
+inference marks are CUDA events recorded on the stream after each launch. --check issues
+every call eagerly, one by one, to compare each result; tests/test_gpu_nccl.py checks that
+graphs and eager calls produce the same data.
+
+Capture, per backend:
+- torch: one warm-up of the step on a side stream (it creates NCCL communicators lazily,
+  P2P ones included, which cannot happen inside a capture), then `torch.cuda.graph` on that
+  side stream; the launch is `CUDAGraph.replay()` on the current stream, where the events
+  are. ProcessGroupNCCL supports capture (NCCL >= 2.9): while a stream captures it hands no
+  work to its watchdog thread, and since torch 2.2 a capture first waits for the work the
+  watchdog still holds, whose event queries would otherwise break the capture. The capture
+  mode is "thread_local", so that thread's queries cannot invalidate it in any case. Graph
+  launches create no Work objects, so TORCH_NCCL_ASYNC_ERROR_HANDLING and the NCCL timeout
+  never see them: a stalled launch surfaces in the end-of-inference synchronize, which the
+  replay's own watchdog (--timeout) bounds. TORCH_NCCL_BLOCKING_WAIT=1 makes every call wait
+  on the host, which a capture cannot contain: refused.
+- nccl (CuPy): one warm-up on the backend's stream, then `Stream.begin_capture()` (CuPy's
+  default relaxed mode) / `end_capture()` -> `cupy.cuda.Graph`; the launch is
+  `graph.launch(stream)`.
+Every rank warms up and captures its decode runs in plan order, so the warm-up calls of one
+rank meet their peers' (NCCL requires a captured call to be captured on every rank of its
+communicator, and each graph to be launched by all of them; the replay does both).
+"""
+
+import contextlib
+import os
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from microbench.argtypes import UsageError
+from microbench.backends import Backend, BoundCall
+from microbench.plan import Plan
+from patterns import Phase
+
+MODES = ("decode", "none")
+CAPTURING_BACKENDS = ("torch", "nccl")
+
+Capture = Callable[[list[BoundCall]], BoundCall]
+
+
+def resolve_mode(requested: str | None, backend: str, device: str, level: str) -> str:
+    """The graph mode of a run: `requested`, or the default (decode on CUDA for torch and
+    nccl, unless op-level timing; none otherwise). Refusals are one-line UsageErrors.
+
+    `device` may still be "auto" (before the ranks start): only "cpu" is refused then.
+    """
+    if requested is None:
+        capturable = device == "cuda" and backend in CAPTURING_BACKENDS
+        return "decode" if capturable and level != "op" else "none"
+    if requested == "decode":
+        if backend not in CAPTURING_BACKENDS:
+            raise UsageError(f"--graph decode needs --backend torch or nccl: {backend} calls "
+                             "run on the host, where no CUDA graph can capture them; use "
+                             "--graph none")
+        if device == "cpu":
+            raise UsageError("--graph decode captures CUDA graphs and needs a CUDA device; "
+                             "use --graph none with --device cpu")
+        if level == "op":
+            raise UsageError("--timing op cannot time calls one by one inside a CUDA graph; "
+                             "use --timing step or inference, or --graph none")
+    return requested
+
+
+def use_graphs(plan: Plan, backend: Backend, capture: Capture | None = None) -> int:
+    """Replace each decode run's calls by one launch of a graph of its step (calls added to
+    the run after its ops, such as test faults, stay after the launch). Returns the number
+    of graphs. Every rank calls this at the same point: the warm-ups communicate."""
+    capture = capture or capture_function(backend)
+    graphs = 0
+    for run in plan.runs:
+        if run.phase != Phase.DECODE or not run.ops:
+            continue
+        launch = capture([op.call for op in run.ops])
+        run.calls = [launch, *run.calls[len(run.ops):]]
+        graphs += 1
+    backend.synchronize()
+    return graphs
+
+
+def capture_function(backend: Backend) -> Capture:
+    """How this backend warms up and captures a list of bound calls into one launch."""
+    if backend.name == "torch":
+        blocking = os.environ.get("TORCH_NCCL_BLOCKING_WAIT") or os.environ.get(
+            "NCCL_BLOCKING_WAIT")
+        if blocking not in (None, "", "0"):
+            raise UsageError("TORCH_NCCL_BLOCKING_WAIT makes each NCCL call wait on the host, "
+                             "which a CUDA graph capture cannot contain; unset it or use "
+                             "--graph none")
+        return _capture_torch
+    if backend.name == "nccl":
+        return partial(_capture_cupy, backend.stream)  # the nccl backend's own stream
+    raise UsageError(f"--graph decode needs --backend torch or nccl, not {backend.name}")
+
+
+def _issue(calls: list[BoundCall]) -> None:
+    for call in calls:
+        call()
+
+
+def _capture_torch(calls: list[BoundCall]) -> BoundCall:
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _issue(calls)  # warm-up: NCCL communicators (P2P ones too) come to exist here
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+        _issue(calls)
+    return graph.replay  # the bound method keeps the graph alive
+
+
+def _capture_cupy(stream: Any, calls: list[BoundCall]) -> BoundCall:
+    _issue(calls)  # warm-up on the stream the calls are bound to
+    stream.synchronize()
+    stream.begin_capture()
+    try:
+        _issue(calls)
+    except BaseException:
+        _end_capture_quietly(stream)
+        raise
+    graph = stream.end_capture()
+    return partial(graph.launch, stream)
+
+
+def _end_capture_quietly(stream: Any) -> None:
+    """Leave the stream usable after a failed capture; the first error is the one to show."""
+    with contextlib.suppress(Exception):  # an invalidated capture raises here too
+        stream.end_capture()
