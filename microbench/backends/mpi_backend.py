@@ -146,7 +146,7 @@ class MpiBackend:
         return self.comm.allgather(obj)
 
     def versions(self) -> dict[str, Any]:
-        library = MPI.Get_library_version().strip().splitlines()[0]
+        library = MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0]
         info: dict[str, Any] = {"mpi_library": library, "mpi4py": mpi4py.__version__,
                                 "mpi_standard": "{}.{}".format(*MPI.Get_version()),
                                 "numpy": np.__version__, "cuda_aware": self.cuda_aware,

@@ -46,7 +46,7 @@ class MpiTypes:
         self._user_ops: list[MPI.Op] = []
         bf16_sum = self._user_op(_sum_bf16)
         if native_fp16 != MPI.DATATYPE_NULL:
-            fp16 = (native_fp16, np.uint16, MPI.SUM, "native MPIX_C_FLOAT16")
+            fp16 = (native_fp16, np.uint16, MPI.SUM, "native (MPI.FLOAT16_T)")
         else:
             fp16 = (MPI.UINT16_T, np.uint16, self._user_op(_sum_fp16), "user-defined sum")
         self.table: dict[str, tuple[MPI.Datatype, type, MPI.Op, str]] = {
