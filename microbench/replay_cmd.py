@@ -3,12 +3,12 @@
 import argparse
 import json
 import socket
-import sys
 from pathlib import Path
 from typing import Any
 
 from microbench import dist, launch
 from microbench.argtypes import UsageError, non_negative_int, positive_int
+from microbench.failures import report_rank_failure
 from microbench.graphs import MODES, resolve_mode
 from microbench.pattern_args import add_pattern_arguments, pattern_from_args
 from microbench.pattern_view import pattern_document, title
@@ -176,17 +176,13 @@ def run_rank(pattern: Pattern, env: dist.DistEnv, args: argparse.Namespace) -> i
             print(json.dumps(summary["last_line"], separators=(",", ":")))
             status = 1 if summary["last_line"]["wrong"] else 0
         else:
-            wrongs = [s.wrong for s, _ in gathered]
-            status = 1 if any(w for w in wrongs if w) else 0
+            status = 1 if any(s.wrong for s, _ in gathered) else 0
         backend.close()
         return status
     except (UsageError, ConfigError):
         raise
     except Exception as err:  # a peer's failure surfaces here as a library error
-        first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        sys.stderr.write(f"infercomm replay: error: rank {env.rank}: {type(err).__name__}: "
-                         f"{first_line[:300]}\n")
-        return 1
+        return report_rank_failure("replay", env.rank, err)
     finally:
         watchdog.stop()
 

@@ -9,6 +9,7 @@ from typing import Any
 from microbench import dist, launch
 from microbench.argtypes import UsageError, byte_size, positive_int
 from microbench.busbw import SweepOp, algbw_gbps, busbw_gbps
+from microbench.failures import report_rank_failure
 from microbench.pattern_args import add_pattern_arguments, pattern_from_args
 from microbench.replay_cmd import (
     add_run_arguments,
@@ -192,10 +193,7 @@ def run_rank(cases: list[Case], skipped: list[str], pattern: Pattern | None,
     except (UsageError, ConfigError):
         raise
     except Exception as err:  # a peer's failure surfaces here as a library error
-        first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        sys.stderr.write(f"infercomm sweep: error: rank {env.rank}: {type(err).__name__}: "
-                         f"{first_line[:300]}\n")
-        return 1
+        return report_rank_failure("sweep", env.rank, err)
     finally:
         watchdog.stop()
 
