@@ -41,18 +41,3 @@ def pattern_from_args(args: argparse.Namespace) -> Pattern:
                             control_plane=args.control_plane)
     return generate(args.engine, model, layout, workload, options)
 
-
-def pattern_argv(args: argparse.Namespace) -> list[str]:
-    """The pattern options as a command line, to hand to spawned ranks or record in results."""
-    argv = ["--model", args.model, "--tp", str(args.tp), "--pp", str(args.pp),
-            "--prompt", str(args.prompt), "--decode", str(args.decode),
-            "--batch", str(args.batch), "--engine", args.engine]
-    if args.dtype:
-        argv += ["--dtype", args.dtype]
-    if args.eager:
-        argv.append("--eager")
-    if args.max_batched_tokens:
-        argv += ["--max-batched-tokens", str(args.max_batched_tokens)]
-    if args.control_plane:
-        argv.append("--control-plane")
-    return argv

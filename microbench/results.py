@@ -97,9 +97,3 @@ def write_run(out_dir: str | Path, label: str, files: dict[str, str]) -> Path:
 def json_text(document: Any) -> str:
     return json.dumps(document, indent=2, sort_keys=False) + "\n"
 
-
-def read_run(folder: str | Path) -> dict[str, Any]:
-    """meta.json and summary.json of a run folder."""
-    path = Path(folder)
-    return {"meta": json.loads((path / "meta.json").read_text()),
-            "summary": json.loads((path / "summary.json").read_text())}

@@ -44,8 +44,5 @@ class Pattern:
     def calls_per_inference(self, stage: int) -> int:
         return sum(len(run.step.ops) * run.repeat for run in self.stages[stage])
 
-    def steps_per_inference(self) -> int:
-        return sum(run.repeat for run in self.stages[0])
-
     def first_step(self, stage: int, phase: Phase) -> Step | None:
         return next((run.step for run in self.stages[stage] if run.phase == phase), None)
