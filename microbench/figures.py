@@ -148,31 +148,28 @@ def _outside_legend(ax: "Axes") -> None:
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
-def sweep_latency(rows: Rows) -> "Figure":
-    """rows: sweep.csv rows plus `label` (the library); median with a p5-p95 band."""
+def _sweep_vs_size(rows: Rows, column: str, ylabel: str, title: str, band: bool) -> "Figure":
     fig = _figure(11, 4.5)
     ax = fig.subplots()
-    _sweep_lines(ax, rows, "time_us", band=True)
+    _sweep_lines(ax, rows, column, band=band)
     _log_bytes_axis(ax)
     ax.set_yscale("log")
     ax.set_xlabel("size (nccl-tests convention)")
-    ax.set_ylabel("time per call, us (slowest rank)")
-    ax.set_title("Latency vs size")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     _outside_legend(ax)
     return fig
+
+
+def sweep_latency(rows: Rows) -> "Figure":
+    """rows: sweep.csv rows plus `label` (the library); median with a p5-p95 band."""
+    return _sweep_vs_size(rows, "time_us", "time per call, us (slowest rank)",
+                          "Latency vs size", band=True)
 
 
 def sweep_busbw(rows: Rows) -> "Figure":
-    fig = _figure(11, 4.5)
-    ax = fig.subplots()
-    _sweep_lines(ax, rows, "busbw_gbps", band=False)
-    _log_bytes_axis(ax)
-    ax.set_yscale("log")
-    ax.set_xlabel("size (nccl-tests convention)")
-    ax.set_ylabel("bus bandwidth, GB/s")
-    ax.set_title("Bus bandwidth vs size")
-    _outside_legend(ax)
-    return fig
+    return _sweep_vs_size(rows, "busbw_gbps", "bus bandwidth, GB/s", "Bus bandwidth vs size",
+                          band=False)
 
 
 def ratios(rows: Rows) -> "Figure":
