@@ -177,11 +177,11 @@ def main() -> int:
     if not names:
         sys.stderr.write("gpu_overhead: error: no backend to measure; use --backends torch\n")
         return 2
+    watchdog = Watchdog(600, env.rank).start()  # before the backends: it spawns a sentinel
     backends = []
     for offset, name in enumerate(names):  # torch's rendezvous and the TCPStore: two ports
         backends.append(open_backend(name, env=replace(env, master_port=env.master_port +
                                                        offset), device="cuda", timeout=600))
-    watchdog = Watchdog(600, env.rank).start()
     world = backends[0].world_size
     table: list[tuple[str, str, int, dict[str, list[float]]]] = []
     for label, kind, numel in cases(world):

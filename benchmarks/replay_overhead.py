@@ -86,9 +86,9 @@ def rank_main(args: argparse.Namespace) -> None:
     env = dist.detect()
     pattern = generate("vllm-v0", resolve_model(PATTERN["model"]), Layout(tp=PATTERN["tp"]),
                        Workload(PATTERN["prompt"], PATTERN["decode"]))
+    watchdog = Watchdog(300, env.rank).start()  # before the backend: it spawns a sentinel
     backend = open_backend(args.backend, env=env, device="cpu", timeout=300)
     plan = build_plan(pattern, backend)
-    watchdog = Watchdog(300, backend.rank).start()
     replayer = Replayer(plan, backend, "step", watchdog)
     decode_steps = pattern.workload.decode_steps
     replay, bare = [], []

@@ -4,9 +4,12 @@ INFERCOMM_FAULT (unset in real runs) names one:
   kill:RANK:STEP     rank RANK kills itself (SIGKILL) during its STEP-th step
   hang:RANK:STEP     rank RANK stops issuing calls during its STEP-th step
   corrupt:RANK       rank RANK adds 1 to the first element of every input it fills in --check
+  stall:RANK         rank RANK blocks in a C call that holds the GIL before opening its backend,
+                     as MPI_Init does when a peer aborted (only the sentinel can end it)
 Nothing is added to the replay path when it is unset.
 """
 
+import ctypes
 import os
 import signal
 import time
@@ -34,3 +37,14 @@ def step_fault(rank: int) -> tuple[int, Callable[[], None]] | None:
     if spec[0] == "kill":
         return int(spec[2]), lambda: os.kill(os.getpid(), signal.SIGKILL)
     return int(spec[2]), lambda: time.sleep(3600)
+
+
+def startup_stall(rank: int) -> None:
+    """Block for an hour inside libc's sleep with the GIL held, if a stall fault names `rank`.
+
+    ctypes.PyDLL keeps the GIL during the call (CDLL would release it), so the watchdog thread
+    cannot run either: the state of a rank stuck in MPI_Init.
+    """
+    spec = _spec(rank)
+    if spec is not None and spec[0] == "stall":
+        ctypes.PyDLL(None).sleep(3600)

@@ -6,7 +6,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from microbench import dist, launch
+from microbench import dist, faults, launch
 from microbench.argtypes import UsageError, non_negative_int, positive_int
 from microbench.failures import report_rank_failure
 from microbench.graphs import MODES, resolve_mode
@@ -153,6 +153,7 @@ def run_rank(pattern: Pattern, env: dist.DistEnv, args: argparse.Namespace) -> i
     from microbench.watchdog import Watchdog
 
     watchdog = Watchdog(args.timeout, env.rank).start()
+    faults.startup_stall(env.rank)
     try:
         device = resolve_device(args.device, args.backend)
         args.graph = resolve_mode(args.graph, args.backend, device, args.timing)

@@ -3,14 +3,28 @@
 MPI calls have no timeout of their own; a rank blocked in one would wait forever for a peer
 that died. The replay loop counts finished steps; this thread ends the process when the count
 has not moved for `timeout` seconds. A step is a few calls, so this bounds every call too.
+
+A thread needs the GIL to run, and a library call may block while holding it (MPI_Init does,
+inside `from mpi4py import MPI`). So the thread also sends a heartbeat to a small sentinel
+process (microbench/sentinel.py), which ends the rank when the heartbeats stop.
 """
 
+import contextlib
 import os
+import subprocess
 import sys
 import threading
 import time
 
 TIMEOUT_EXIT_STATUS = 124  # as timeout(1)
+
+
+def no_progress_message(command: str, rank: int, timeout: float, where: str,
+                        detail: str = "") -> str:
+    """The one line every way of ending a stuck rank prints."""
+    during = f"{where} ({detail})" if detail else where
+    return (f"infercomm {command}: error: rank {rank}: no progress for {timeout:g} s during "
+            f"{during}; a rank failed or hung, ending the run\n")
 
 
 class Watchdog:
@@ -23,25 +37,55 @@ class Watchdog:
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="infercomm-watchdog",
                                         daemon=True)
+        self._sentinel: subprocess.Popen[bytes] | None = None
 
     def start(self) -> "Watchdog":
+        # Before any backend is opened: forking after MPI or CUDA initialisation is unsafe.
+        self._sentinel = subprocess.Popen(
+            [sys.executable, "-m", "microbench.sentinel", str(os.getpid()), f"{self.timeout:g}",
+             str(self.rank), self.command],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, close_fds=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
         self._done.set()
+        self._thread.join()
+        if self._sentinel is not None:
+            self._close_sentinel(self._sentinel)
+            self._sentinel = None
+
+    @staticmethod
+    def _close_sentinel(sentinel: "subprocess.Popen[bytes]") -> None:
+        if sentinel.stdin is not None:
+            with contextlib.suppress(OSError):
+                sentinel.stdin.close()  # end of file: the sentinel exits
+        try:
+            sentinel.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            sentinel.kill()
+
+    def _heartbeat(self) -> None:
+        sentinel = self._sentinel
+        if sentinel is None or sentinel.stdin is None:
+            return
+        try:
+            sentinel.stdin.write(self.where.replace("\n", " ").encode() + b"\n")
+            sentinel.stdin.flush()
+        except OSError:  # the sentinel is gone; the thread still guards the rank
+            self._sentinel = None
 
     def _watch(self) -> None:
         seen, since = self.steps, time.monotonic()
         poll = min(1.0, self.timeout / 4)
+        self._heartbeat()
         while not self._done.wait(poll):
+            self._heartbeat()
             now = time.monotonic()
             if self.steps != seen:
                 seen, since = self.steps, now
             elif now - since > self.timeout:
-                sys.stderr.write(
-                    f"infercomm {self.command}: error: rank {self.rank}: no progress for "
-                    f"{self.timeout:g} s during {self.where}; a rank failed or hung, "
-                    "ending the run\n")
+                sys.stderr.write(no_progress_message(self.command, self.rank, self.timeout,
+                                                     self.where))
                 sys.stderr.flush()
                 os._exit(TIMEOUT_EXIT_STATUS)

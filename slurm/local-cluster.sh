@@ -120,12 +120,29 @@ install_slurm() {
 }
 
 # --- config -----------------------------------------------------------------------------------
+# The task prolog's `export` lines go into every task's environment. MPICH (the pip wheel,
+# PMI-1 client) under srun --mpi=pmi2 sends its UCX netmod's addresses as `cmd=put` lines, and
+# Slurm's pmi2 plugin reads each request with one read() of at most 1024 bytes
+# (src/plugins/mpi/pmi2/pmi1.c, handle_pmi1_cmd). The lines are run-length encoded random
+# address bytes: 494-856 bytes in the runs traced here, and now and then over 1024. Then the
+# line is cut, MPI_Init aborts on one rank and waits on the others ("mpi/pmi2: value not
+# properly terminated"): in CI both MPICH steps of one run, 1 of 2 in a clone here, 0 of 45 by
+# hand. The OFI netmod's lines are 67 bytes (traced with strace). A user's own choice wins.
+write_task_prolog() {
+    cat >"$ROOT/task-prolog.sh" <<'PROLOG'
+#!/bin/sh
+[ -n "${MPIR_CVAR_CH4_NETMOD:-}" ] || echo "export MPIR_CVAR_CH4_NETMOD=ofi"
+PROLOG
+    chmod +x "$ROOT/task-prolog.sh"
+}
+
 write_conf() {
     local host user
     host="$(hostname -s)"
     user="$(id -un)"
     # A missing SlurmdSpoolDir makes pmix steps hang in slurmstepd: create every folder.
     mkdir -p "$STATE" "$LOG" "$RUN" "${NODES[@]/#/$SPOOL/}"
+    write_task_prolog
     cat >"$CONF" <<EOF
 # Written by slurm/local-cluster.sh; rewritten on every \`up\`. Two fake nodes on one host.
 ClusterName=infercomm
@@ -157,6 +174,8 @@ SelectTypeParameters=CR_Core
 SchedulerParameters=batch_sched_delay=0
 # srun --mpi=none would silently give every MPICH task a world of size 1.
 MpiDefault=pmi2
+# Picks MPICH's OFI netmod, whose PMI-1 lines fit Slurm's 1024-byte read (see write_task_prolog).
+TaskProlog=$ROOT/task-prolog.sh
 # Nodes may claim more CPUs than the host has.
 SlurmdParameters=config_overrides
 ReturnToService=2

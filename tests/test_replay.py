@@ -80,6 +80,22 @@ def test_a_failing_rank_ends_every_rank_within_the_timeout(tmp_path, backend, fa
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_rank_stuck_holding_the_gil_is_ended_by_its_sentinel(tmp_path, backend):
+    # Rank 1 blocks in C with the GIL held before opening its backend, so its watchdog thread
+    # cannot run; over MPI, rank 0 then waits in MPI_Init, also with the GIL held.
+    model = tiny_model(tmp_path)
+    args = replay_args(model, 2, 1, backend, str(tmp_path), "--timeout", "5")
+    proc, seconds = infercomm(*args, env={"INFERCOMM_FAULT": "stall:1"}, timeout=90)
+    assert proc.returncode != 0
+    assert seconds < 40, seconds  # start-up + timeout 5 s + poll + grace
+    assert ("infercomm replay: error: rank 1: no progress for 5 s during start-up (the "
+            "interpreter is stuck in a library call); a rank failed or hung, ending the run"
+            in proc.stderr), proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not list(tmp_path.glob("2*")), "a failed run must leave no result folder"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_wrong_world_size_is_refused_on_every_rank(tmp_path, backend):
     import sys
     from pathlib import Path

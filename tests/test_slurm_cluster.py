@@ -42,6 +42,14 @@ def test_mpich_pmi2_one_world_across_nodes(slurm_cluster):  # noqa: F811
     assert lines == ["0 4", "1 4", "2 4", "3 4"]
 
 
+def test_task_prolog_picks_mpich_ofi_netmod_unless_the_user_chose(slurm_cluster):  # noqa: F811
+    # UCX netmod addresses overflow Slurm's 1024-byte PMI-1 read (slurm/local-cluster.sh).
+    show = ("sh", "-c", "echo $MPIR_CVAR_CH4_NETMOD")
+    assert srun(slurm_cluster, "-N", "2", "-n", "2", *show) == ["ofi", "ofi"]
+    chosen = slurm_cluster | {"MPIR_CVAR_CH4_NETMOD": "ucx"}
+    assert srun(chosen, "-N", "2", "-n", "2", *show) == ["ucx", "ucx"]
+
+
 def test_mpi_none_gives_singletons(slurm_cluster):  # noqa: F811
     # The failure mode the replay must detect: every task is rank 0 of a world of 1.
     lines = srun(slurm_cluster, "-N", "2", "-n", "4", "--mpi=none",

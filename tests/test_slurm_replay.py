@@ -20,9 +20,12 @@ pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[1]
 
 
-def srun_replay(env: dict, tmp: Path, backend: str, mpi: str, *extra: str):
-    cmd = ["srun", "-N", "2", "-n", "4", f"--mpi={mpi}", sys.executable, "-m", "microbench",
-           "replay", "--model", tiny_model(tmp), "--tp", "2", "--pp", "2", "--prompt", "8",
+def srun_replay(env: dict, tmp: Path, backend: str, mpi: str, *extra: str,
+                kill_on_bad_exit: bool = True):
+    # --kill-on-bad-exit=1, as in slurm/*.sbatch: a task that dies ends the step at once.
+    cmd = ["srun", f"--kill-on-bad-exit={int(kill_on_bad_exit)}", "-N", "2", "-n", "4",
+           f"--mpi={mpi}", sys.executable, "-m", "microbench", "replay",
+           "--model", tiny_model(tmp), "--tp", "2", "--pp", "2", "--prompt", "8",
            "--decode", "4", "--backend", backend, "--device", "cpu", "-n", "2", "-w", "1",
            "--timeout", "60", "--out", str(tmp / "res"), *extra]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180,
@@ -42,6 +45,8 @@ def test_srun_two_nodes_tp2_pp2(slurm_cluster, tmp_path, backend, mpi, launcher)
     meta = json.loads((run / "meta.json").read_text())
     assert meta["launcher"] == launcher
     assert meta["environment"]["SLURM_NTASKS"] == "4"
+    if backend == "mpi":  # the cluster's task prolog chose it; the run records it
+        assert meta["environment"]["MPIR_CVAR_CH4_NETMOD"] == "ofi"
     ops = read_csv(run / "ops.csv")
     for rank, kinds in EXPECTED_CALLS[(2, 2)].items():
         issued = Counter(r["op"] for r in ops if r["iteration"] == "0" and r["rank"] == str(rank))
@@ -50,7 +55,8 @@ def test_srun_two_nodes_tp2_pp2(slurm_cluster, tmp_path, backend, mpi, launcher)
 
 def test_srun_without_pmi_is_refused_with_the_fix(slurm_cluster, tmp_path):  # noqa: F811
     # --mpi=none gives each MPICH task a world of 1 (tests/test_slurm_cluster.py shows it).
-    proc = srun_replay(slurm_cluster, tmp_path, "mpi", "none")
+    # Without --kill-on-bad-exit, so that the first refusal does not cut the others short.
+    proc = srun_replay(slurm_cluster, tmp_path, "mpi", "none", kill_on_bad_exit=False)
     assert proc.returncode != 0
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("infercomm replay: error")]
     assert len(errors) == 4  # every task says it, once

@@ -1,0 +1,60 @@
+"""A process beside each rank that ends it when its interpreter is stuck inside a library call.
+
+The watchdog (microbench/watchdog.py) is a thread, so it runs only when it can take the GIL. A
+library call that blocks while holding the GIL stops it as well. Seen in CI: under
+`srun --mpi=pmi2`, one MPICH rank aborted during the address exchange of MPI_Init and the others
+waited in MPI_Init, which mpi4py runs at import with the GIL held, until the job was cancelled.
+
+This process is started by the watchdog before any backend is opened. It expects a heartbeat
+line on its stdin from the watchdog thread every poll, holding the rank's current phase. When
+no line comes for `timeout` seconds, the interpreter is stuck: it prints the watchdog's message
+and kills the rank. At end of file (the rank ended, however it ended) it exits. It imports
+nothing heavy, so it starts in tens of milliseconds.
+
+    python -m microbench.sentinel PID TIMEOUT RANK COMMAND
+"""
+
+import os
+import select
+import signal
+import sys
+import time
+
+from microbench.watchdog import no_progress_message
+
+
+def watch(fd: int, pid: int, timeout: float, rank: int, command: str) -> bool:
+    """Read heartbeats from `fd`; True if the rank had to be killed."""
+    where = "start-up"
+    pending = b""
+    last_beat = time.monotonic()
+    while True:
+        left = last_beat + timeout - time.monotonic()
+        ready, _, _ = select.select([fd], [], [], max(left, 0.0))
+        if not ready:
+            sys.stderr.write(no_progress_message(command, rank, timeout, where,
+                                                 "the interpreter is stuck in a library call"))
+            sys.stderr.flush()
+            os.kill(pid, signal.SIGKILL)
+            return True
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return False
+        last_beat = time.monotonic()
+        lines = (pending + chunk).split(b"\n")
+        pending = lines[-1]
+        if len(lines) > 1:
+            where = lines[-2].decode(errors="replace")
+
+
+def main(argv: list[str]) -> int:
+    pid, timeout, rank, command = int(argv[0]), float(argv[1]), int(argv[2]), argv[3]
+    # Terminal signals meant for the rank's process group (Ctrl-C) are the rank's to handle;
+    # this process ends with it through end of file.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    watch(sys.stdin.fileno(), pid, timeout, rank, command)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
