@@ -23,8 +23,8 @@ import time
 from microbench.watchdog import no_progress_message
 
 
-def watch(fd: int, pid: int, timeout: float, rank: int, command: str) -> bool:
-    """Read heartbeats from `fd`; True if the rank had to be killed."""
+def watch(fd: int, pid: int, timeout: float, rank: int, command: str) -> None:
+    """Read heartbeats from `fd` until end of file, or kill the rank when they stop."""
     where = "start-up"
     pending = b""
     last_beat = time.monotonic()
@@ -36,10 +36,10 @@ def watch(fd: int, pid: int, timeout: float, rank: int, command: str) -> bool:
                                                  "the interpreter is stuck in a library call"))
             sys.stderr.flush()
             os.kill(pid, signal.SIGKILL)
-            return True
+            return
         chunk = os.read(fd, 4096)
         if not chunk:
-            return False
+            return
         last_beat = time.monotonic()
         lines = (pending + chunk).split(b"\n")
         pending = lines[-1]
