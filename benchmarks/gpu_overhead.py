@@ -32,8 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from microbench import dist
-from microbench.dist import DistEnv
+from microbench.ranks import dist
+from microbench.ranks.dist import DistEnv
 
 WAYS = ("bare", "bare_graph", "replay", "replay_graph")
 GOAL = 1.05
@@ -113,10 +113,10 @@ class Case:
     """One case on one library: the four ways, ready to time."""
 
     def __init__(self, backend, group, kind: str, numel: int, args, watchdog) -> None:
-        from microbench.graphs import capture_function
-        from microbench.plan import BoundOp, BoundRun, Plan
-        from microbench.replay import Replayer
-        from microbench.timing import make_marks
+        from microbench.replay.graphs import capture_function
+        from microbench.replay.plan import BoundOp, BoundRun, Plan
+        from microbench.replay.replayer import Replayer
+        from microbench.replay.timing import make_marks
         from patterns import Phase
 
         self.backend, self.steps, self.calls = backend, args.steps, args.calls
@@ -165,8 +165,8 @@ def main() -> int:
         sys.stderr.write("gpu_overhead: error: needs a CUDA device (none is visible)\n")
         return 2
     from microbench.backends import open_backend
-    from microbench.launch import free_port
-    from microbench.watchdog import Watchdog
+    from microbench.ranks.launch import free_port
+    from microbench.ranks.watchdog import Watchdog
 
     env = dist.detect() or DistEnv("none", 0, 1, 0, "127.0.0.1", free_port())
     names = [n for n in args.backends.split(",") if n]

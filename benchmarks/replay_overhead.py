@@ -76,11 +76,11 @@ def bare_steps(backend: object, plan: object, steps: int) -> list[float]:
 
 
 def rank_main(args: argparse.Namespace) -> None:
-    from microbench import dist
     from microbench.backends import open_backend
-    from microbench.plan import build_plan
-    from microbench.replay import Replayer
-    from microbench.watchdog import Watchdog
+    from microbench.ranks import dist
+    from microbench.ranks.watchdog import Watchdog
+    from microbench.replay.plan import build_plan
+    from microbench.replay.replayer import Replayer
     from patterns import Layout, Workload, generate, resolve_model
 
     env = dist.detect()

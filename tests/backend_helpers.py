@@ -3,7 +3,7 @@
 from math import prod
 
 from microbench.backends import Backend, Group
-from microbench.plan import BoundOp
+from microbench.replay.plan import BoundOp
 from patterns import Op, OpKind
 
 KINDS = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "gather")

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from microbench import aggregate
-from microbench.replay import RankSamples
+from microbench.replay import aggregate
+from microbench.replay.replayer import RankSamples
 
 
 def samples(rank: int, marks: list[list[float]], prefill_mark: int, level: str = "step"):

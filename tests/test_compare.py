@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microbench.compare import bootstrap_ratio, compare_samples, verdict
+from microbench.analysis.compare import bootstrap_ratio, compare_samples, verdict
 from tests.conftest import last_json
 
 SAMPLES = Path(__file__).resolve().parent.parent / "results" / "examples" / "samples"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from microbench.dist import detect, first_slurm_host, slurm_port
+from microbench.ranks.dist import detect, first_slurm_host, slurm_port
 
 
 @pytest.mark.parametrize("env, expected", [

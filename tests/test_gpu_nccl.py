@@ -17,12 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microbench import check, dist
 from microbench.backends import Group, open_backend
-from microbench.dist import DistEnv
-from microbench.graphs import capture_function
-from microbench.launch import free_port
-from microbench.plan import BoundOp
+from microbench.ranks import dist
+from microbench.ranks.dist import DistEnv
+from microbench.ranks.launch import free_port
+from microbench.replay import check
+from microbench.replay.graphs import capture_function
+from microbench.replay.plan import BoundOp
 from patterns import Op, OpKind
 from tests.backend_helpers import KINDS, bound_op
 from tests.replay_helpers import infercomm, last_json, needs_mpi, tiny_model

@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 import torch
 
-from microbench import check
 from microbench.argtypes import UsageError
 from microbench.backends import nccl_backend, open_backend
-from microbench.dist import DistEnv
-from microbench.graphs import capture_function, resolve_mode, use_graphs
-from microbench.launch import free_port
-from microbench.plan import BoundOp, BoundRun, Plan
-from microbench.replay import Replayer
-from microbench.timing import CudaMarks, make_marks
-from microbench.watchdog import Watchdog
+from microbench.ranks.dist import DistEnv
+from microbench.ranks.launch import free_port
+from microbench.ranks.watchdog import Watchdog
+from microbench.replay import check
+from microbench.replay.graphs import capture_function, resolve_mode, use_graphs
+from microbench.replay.plan import BoundOp, BoundRun, Plan
+from microbench.replay.replayer import Replayer
+from microbench.replay.timing import CudaMarks, make_marks
 from patterns import Phase
 from tests import fake_cupy
 from tests.backend_helpers import KINDS, bound_op

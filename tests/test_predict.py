@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from microbench.predict import fit_points
-from microbench.results import csv_text
-from microbench.sweep_cmd import COLUMNS, SAMPLE_COLUMNS
+from microbench.analysis.predict import fit_points
+from microbench.cli.sweep import COLUMNS, SAMPLE_COLUMNS
+from microbench.results.store import csv_text
 from tests.conftest import last_json
 from tests.replay_helpers import tiny_model
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from microbench import figures
-from microbench.report import volume_rows
+from microbench.analysis import figures
+from microbench.analysis.report import volume_rows
 from patterns import Layout, Workload, generate, resolve_model
 from tests.conftest import last_json
 

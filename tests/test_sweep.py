@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from microbench.busbw import SweepOp, algbw_gbps, busbw_gbps, message, pattern_message
-from microbench.sweep import geometric_sizes, pattern_cases
-from microbench.sweep_cmd import COLUMNS, SAMPLE_COLUMNS
+from microbench.cli.sweep import COLUMNS, SAMPLE_COLUMNS
+from microbench.sweep.busbw import SweepOp, algbw_gbps, busbw_gbps, message, pattern_message
+from microbench.sweep.cases import geometric_sizes, pattern_cases
 from patterns import Layout, Op, OpKind, Workload, from_hf_config, generate
 from tests.replay_helpers import infercomm, last_json, needs_mpi, read_csv, tiny_model
 

@@ -7,11 +7,11 @@ import subprocess
 import sys
 import time
 
-from microbench.watchdog import Watchdog
+from microbench.ranks.watchdog import Watchdog
 
 
 def start_sentinel(victim: subprocess.Popen, timeout: float) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "microbench.sentinel", str(victim.pid),
+    return subprocess.Popen([sys.executable, "-m", "microbench.ranks.sentinel", str(victim.pid),
                              str(timeout), "7", "replay"],
                             stdin=subprocess.PIPE, stderr=subprocess.PIPE)
 

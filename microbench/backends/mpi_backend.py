@@ -11,7 +11,7 @@ import numpy as np
 
 from microbench.argtypes import UsageError
 from microbench.backends import BoundCall, Group, register
-from microbench.dist import DistEnv
+from microbench.ranks.dist import DistEnv
 
 mpi4py.rc.threads = False  # one thread issues every call; no MPI_THREAD_MULTIPLE locking
 from mpi4py import MPI  # noqa: E402

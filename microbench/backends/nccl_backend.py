@@ -35,7 +35,7 @@ import numpy as np
 
 from microbench.argtypes import UsageError
 from microbench.backends import BoundCall, Group, register
-from microbench.dist import DistEnv, resolve_master_addr
+from microbench.ranks.dist import DistEnv, resolve_master_addr
 
 CUPY_MISSING = "the nccl backend needs CuPy: pip install 'infercomm[cuda]'"
 

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from microbench.backends import BoundCall, Group, register
-from microbench.dist import DistEnv, resolve_master_addr
+from microbench.ranks.dist import DistEnv, resolve_master_addr
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
                 "int64": torch.int64, "int32": torch.int32, "uint8": torch.uint8}

@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from microbench.textfmt import format_us, render_table
+from microbench.views.textfmt import format_us, render_table
 
 
 def _us(value: float | None) -> str:

@@ -3,8 +3,8 @@
 import argparse
 import json
 
-from microbench.pattern_args import add_pattern_arguments, pattern_from_args
-from microbench.pattern_view import (
+from microbench.cli.pattern_args import add_pattern_arguments, pattern_from_args
+from microbench.views.pattern import (
     calls_per_inference,
     pattern_csv,
     pattern_document,

@@ -13,13 +13,13 @@ from patterns import ConfigError
 
 # Each module defines `add_parser(subparsers)` and `run(args) -> int`.
 COMMAND_MODULES = (
-    "microbench.models_cmd",
-    "microbench.pattern_cmd",
-    "microbench.replay_cmd",
-    "microbench.sweep_cmd",
-    "microbench.compare_cmd",
-    "microbench.predict_cmd",
-    "microbench.report_cmd",
+    "microbench.cli.models",
+    "microbench.cli.pattern",
+    "microbench.cli.replay",
+    "microbench.cli.sweep",
+    "microbench.cli.compare",
+    "microbench.cli.predict",
+    "microbench.cli.report",
 )
 
 EXAMPLES = """\

@@ -6,20 +6,15 @@ import socket
 import sys
 from typing import Any
 
-from microbench import dist, launch
 from microbench.argtypes import UsageError, byte_size, positive_int
-from microbench.busbw import SweepOp, algbw_gbps, busbw_gbps
-from microbench.failures import report_rank_failure
-from microbench.pattern_args import add_pattern_arguments, pattern_from_args
-from microbench.replay_cmd import (
-    add_run_arguments,
-    check_out_dir,
-    pattern_summary,
-    resolve_device,
-    strip_nproc,
-)
-from microbench.sweep import Case, geometric_sizes, pattern_cases, rank_max, size_cases, stats
-from microbench.textfmt import format_bytes, render_table
+from microbench.cli.pattern_args import add_pattern_arguments, pattern_from_args
+from microbench.cli.run_args import add_run_arguments, check_out_dir, resolve_device, strip_nproc
+from microbench.ranks import dist, launch
+from microbench.ranks.failures import report_rank_failure
+from microbench.sweep.busbw import SweepOp, algbw_gbps, busbw_gbps
+from microbench.sweep.cases import Case, geometric_sizes, pattern_cases, rank_max, size_cases, stats
+from microbench.views.pattern import pattern_summary
+from microbench.views.textfmt import format_bytes, render_table
 from patterns import ConfigError, Pattern, canonical_dtype
 
 EXAMPLES = """\
@@ -141,7 +136,7 @@ def cases_for(args: argparse.Namespace, pattern: Pattern | None,
 def check_backend(args: argparse.Namespace) -> None:
     """replay's backend refusals (nccl without CuPy or on CPUs, ...); a sweep issues every
     call eagerly and times each one, so it asks for no CUDA graph."""
-    from microbench.replay_cmd import check_backend_options
+    from microbench.cli.run_args import check_backend_options
 
     check_backend_options(argparse.Namespace(**{**vars(args), "graph": "none",
                                                 "timing": "op"}))
@@ -166,8 +161,8 @@ def run(args: argparse.Namespace) -> int:
 def run_rank(cases: list[Case], skipped: list[str], pattern: Pattern | None,
              env: dist.DistEnv, args: argparse.Namespace) -> int:
     from microbench.backends import open_backend
-    from microbench.sweep import Sweeper
-    from microbench.watchdog import Watchdog
+    from microbench.ranks.watchdog import Watchdog
+    from microbench.sweep.cases import Sweeper
 
     watchdog = Watchdog(args.timeout, env.rank, command="sweep").start()
     try:
@@ -227,7 +222,7 @@ def sweep_rows(cases: list[Case], gathered: list[tuple[str, list[Any]]],
 def write_sweep(cases: list[Case], pattern: Pattern | None, backend: Any,
                 args: argparse.Namespace, gathered: list[tuple[str, list[Any]]],
                 ) -> dict[str, Any]:
-    from microbench.results import base_meta, csv_text, json_text, write_run
+    from microbench.results.store import base_meta, csv_text, json_text, write_run
 
     rows, samples = sweep_rows(cases, gathered)
     hosts = [host for host, _ in gathered]

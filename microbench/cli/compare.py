@@ -6,9 +6,9 @@ import json
 import sys
 from typing import Any
 
-from microbench.compare import RESAMPLES, Comparison, compare_runs
-from microbench.runs import RunFolder, load_run
-from microbench.textfmt import format_us, render_table
+from microbench.analysis.compare import RESAMPLES, Comparison, compare_runs
+from microbench.results.runs import RunFolder, load_run
+from microbench.views.textfmt import format_us, render_table
 
 EXAMPLES = """\
 examples:
@@ -43,9 +43,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def predicted_for(base: RunFolder, sweep_path: str | None) -> dict[str, float] | None:
     if sweep_path is None:
         return None
+    from microbench.analysis.predict import fit_sweep, predict_pattern
     from microbench.argtypes import UsageError
-    from microbench.predict import fit_sweep, predict_pattern
-    from microbench.runs import run_pattern, sweep_table
+    from microbench.results.runs import run_pattern, sweep_table
 
     sweep = load_run(sweep_path)
     if sweep.kind != "sweep":

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from microbench.argtypes import UsageError
-from microbench.runs import RunFolder, load_run
+from microbench.results.runs import RunFolder, load_run
 
 EXAMPLES = """\
 examples:
@@ -61,7 +61,7 @@ def _inputs(args: argparse.Namespace) -> tuple[list[RunFolder], RunFolder | None
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from microbench.report import build, render_html
+    from microbench.analysis.report import build, render_html
 
     runs, sweep = _inputs(args)
     out = Path(args.output)
@@ -84,7 +84,7 @@ def run_report(args: argparse.Namespace) -> int:
 
 
 def run_plot(args: argparse.Namespace) -> int:
-    from microbench.report import build, png_bytes
+    from microbench.analysis.report import build, png_bytes
 
     runs, sweep = _inputs(args)
     folder = Path(args.output)

@@ -11,7 +11,7 @@ no line comes for `timeout` seconds, the interpreter is stuck: it prints the wat
 and kills the rank. At end of file (the rank ended, however it ended) it exits. It imports
 nothing heavy, so it starts in tens of milliseconds.
 
-    python -m microbench.sentinel PID TIMEOUT RANK COMMAND
+    python -m microbench.ranks.sentinel PID TIMEOUT RANK COMMAND
 """
 
 import os
@@ -20,7 +20,7 @@ import signal
 import sys
 import time
 
-from microbench.watchdog import no_progress_message
+from microbench.ranks.watchdog import no_progress_message
 
 
 def watch(fd: int, pid: int, timeout: float, rank: int, command: str) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from microbench.argtypes import OneLineParser, UsageError
-from microbench.textfmt import format_bytes
+from microbench.views.textfmt import format_bytes
 from patterns import ConfigError, Pattern
 
 KINDS = ("replay", "sweep")
@@ -144,7 +144,7 @@ def run_pattern(run: RunFolder) -> Pattern | None:
     """The pattern a replay (or a --from-pattern sweep) ran, rebuilt from its command line."""
     if "pattern" not in run.meta:
         return None
-    from microbench.pattern_args import add_pattern_arguments, pattern_from_args
+    from microbench.cli.pattern_args import add_pattern_arguments, pattern_from_args
 
     parser = OneLineParser(prog="infercomm", add_help=False, allow_abbrev=False)
     add_pattern_arguments(parser, required=False)

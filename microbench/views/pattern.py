@@ -5,7 +5,7 @@ import io
 from dataclasses import asdict
 from typing import Any
 
-from microbench.textfmt import format_bytes, render_table
+from microbench.views.textfmt import format_bytes, render_table
 from patterns import Op, Pattern, Phase, pattern_rows, volume_bytes
 from patterns.volume import as_number
 
@@ -135,3 +135,9 @@ def _peer_text(op: Op) -> str:
     if op.root is not None:
         return f"root {op.root}"
     return ""
+
+
+def pattern_summary(pattern: Pattern) -> dict[str, Any]:
+    doc = pattern_document(pattern)
+    return {k: doc[k] for k in ("model", "layout", "workload", "engine", "volume_bytes",
+                                "calls_per_inference", "rows")}

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from microbench.argtypes import UsageError
-from microbench.runs import RunFolder, replay_samples, sweep_key_name, sweep_samples
+from microbench.results.runs import RunFolder, replay_samples, sweep_key_name, sweep_samples
 
 RESAMPLES = 2000
 SEED = 0

@@ -3,7 +3,7 @@
 import argparse
 import json
 
-from microbench.textfmt import render_table
+from microbench.views.textfmt import render_table
 from patterns import PRESETS
 from patterns.vllm_rules import padded_vocab
 

@@ -6,12 +6,12 @@ from typing import Any
 
 import numpy as np
 
+from microbench.analysis.predict import Fit, fit_sweep, predict_pattern
 from microbench.argtypes import UsageError
-from microbench.pattern_args import add_pattern_arguments, pattern_from_args
-from microbench.pattern_view import title
-from microbench.predict import Fit, fit_sweep, predict_pattern
-from microbench.runs import load_run, replay_samples, run_pattern, sweep_table
-from microbench.textfmt import format_bytes, format_us, render_table
+from microbench.cli.pattern_args import add_pattern_arguments, pattern_from_args
+from microbench.results.runs import load_run, replay_samples, run_pattern, sweep_table
+from microbench.views.pattern import title
+from microbench.views.textfmt import format_bytes, format_us, render_table
 from patterns import Pattern
 
 EXAMPLES = """\

@@ -3,12 +3,13 @@
 import argparse
 from typing import Any
 
-from microbench import aggregate
 from microbench.backends import Backend
-from microbench.plan import Plan
-from microbench.replay import RankSamples
-from microbench.replay_view import replay_table
-from microbench.results import base_meta, csv_text, json_text, write_run
+from microbench.replay import aggregate
+from microbench.replay.plan import Plan
+from microbench.replay.replayer import RankSamples
+from microbench.results.store import base_meta, csv_text, json_text, write_run
+from microbench.views.pattern import pattern_summary, title
+from microbench.views.replay import replay_table
 from patterns import Pattern
 
 ITERATION_COLUMNS = ["iteration", "prefill_us", "decode_us", "e2e_us", "decode_step_mean_us",
@@ -39,8 +40,6 @@ def _ops_rows(pattern: Pattern, ranks: list[RankSamples]) -> list[dict[str, Any]
 
 def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.Namespace,
                  gathered: list[tuple[RankSamples, list[str]]]) -> dict[str, Any]:
-    from microbench.replay_cmd import default_label, header_title, pattern_summary
-
     ranks = [samples for samples, _ in gathered]
     steps = pattern.workload.decode_steps
     figures = aggregate.per_iteration(ranks, plan.prefill_steps)
@@ -89,3 +88,12 @@ def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.
                  "wrong", "results_dir"]
     summary["last_line"] = {k: summary[k] for k in last_keys}
     return summary
+
+
+def default_label(pattern: Pattern, backend: str) -> str:
+    lay = pattern.layout
+    return f"replay-{pattern.model.name.split('/')[-1]}-tp{lay.tp}pp{lay.pp}-{backend}"
+
+
+def header_title(pattern: Pattern) -> str:
+    return "replay: " + title(pattern)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from microbench.plan import BoundOp
+from microbench.replay.plan import BoundOp
 
 
 def _base(n: int) -> np.ndarray:

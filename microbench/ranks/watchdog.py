@@ -42,8 +42,8 @@ class Watchdog:
     def start(self) -> "Watchdog":
         # Before any backend is opened: forking after MPI or CUDA initialisation is unsafe.
         self._sentinel = subprocess.Popen(
-            [sys.executable, "-m", "microbench.sentinel", str(os.getpid()), f"{self.timeout:g}",
-             str(self.rank), self.command],
+            [sys.executable, "-m", "microbench.ranks.sentinel", str(os.getpid()),
+             f"{self.timeout:g}", str(self.rank), self.command],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, close_fds=True)
         self._thread.start()
         return self

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from microbench import check, faults
 from microbench.backends import Backend
-from microbench.plan import Plan
-from microbench.timing import make_marks
-from microbench.watchdog import Watchdog
+from microbench.ranks import faults
+from microbench.ranks.watchdog import Watchdog
+from microbench.replay import check
+from microbench.replay.plan import Plan
+from microbench.replay.timing import make_marks
 
 LEVELS = ("inference", "step", "op")
 
@@ -41,7 +42,7 @@ class Replayer:
         self.plan, self.backend, self.level, self.watchdog = plan, backend, level, watchdog
         self.graph = graph
         if graph == "decode":  # decode runs' calls become one graph launch per step
-            from microbench.graphs import resolve_mode, use_graphs
+            from microbench.replay.graphs import resolve_mode, use_graphs
             resolve_mode(graph, backend.name, backend.device, level)
             watchdog.where = "CUDA graph capture of the decode steps"
             use_graphs(plan, backend)

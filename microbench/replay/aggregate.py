@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from microbench.replay import RankSamples
+from microbench.replay.replayer import RankSamples
 
 
 def _pct(values: np.ndarray, q: float) -> float | None:

@@ -30,7 +30,7 @@ def _figure(width: float = 8.0, height: float = 4.0) -> "Figure":
 def _log_bytes_axis(ax: "Axes", axis: str = "x") -> None:
     from matplotlib.ticker import FuncFormatter
 
-    from microbench.textfmt import format_bytes
+    from microbench.views.textfmt import format_bytes
     (ax.set_xscale if axis == "x" else ax.set_yscale)("log", base=2)
     fmt = FuncFormatter(lambda v, _: format_bytes(v).replace(".00", ""))
     (ax.xaxis if axis == "x" else ax.yaxis).set_major_formatter(fmt)

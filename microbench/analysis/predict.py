@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from microbench.argtypes import UsageError
-from microbench.busbw import SweepOp, pattern_message
+from microbench.sweep.busbw import SweepOp, pattern_message
 from patterns import OpKind, Pattern, Phase
 
 MIN_POINTS = 3

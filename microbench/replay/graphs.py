@@ -37,7 +37,7 @@ from typing import Any
 
 from microbench.argtypes import UsageError
 from microbench.backends import Backend, BoundCall
-from microbench.plan import Plan
+from microbench.replay.plan import Plan
 from patterns import Phase
 
 MODES = ("decode", "none")

@@ -18,13 +18,14 @@ from math import prod
 
 import numpy as np
 
-from microbench import check, faults
 from microbench.argtypes import UsageError
 from microbench.backends import Backend, Group
-from microbench.busbw import CHUNKED, SweepOp, message, pattern_message
-from microbench.plan import BoundOp
-from microbench.timing import make_marks
-from microbench.watchdog import Watchdog
+from microbench.ranks import faults
+from microbench.ranks.watchdog import Watchdog
+from microbench.replay import check
+from microbench.replay.plan import BoundOp
+from microbench.replay.timing import make_marks
+from microbench.sweep.busbw import CHUNKED, SweepOp, message, pattern_message
 from patterns import Op, OpKind, Pattern
 
 

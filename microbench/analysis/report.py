@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from microbench import figures
+from microbench.analysis import figures
+from microbench.analysis.compare import compare_runs, mismatch
 from microbench.argtypes import UsageError
-from microbench.compare import compare_runs, mismatch
-from microbench.runs import RunFolder, replay_samples, run_pattern, sweep_table
-from microbench.textfmt import format_us
+from microbench.results.runs import RunFolder, replay_samples, run_pattern, sweep_table
+from microbench.views.textfmt import format_us
 from patterns import ConfigError, Layout, Pattern, generate, pattern_rows, volume_bytes
 
 DECODE_LENGTHS = (1, 4, 16, 64, 256, 1024, 4096)
@@ -134,7 +134,7 @@ def _pattern_or_note(label: str, run: RunFolder, notes: list[str]) -> Pattern | 
 
 def predicted_rows(runs: list[tuple[str, RunFolder]], sweep: RunFolder,
                    notes: list[str]) -> list[dict[str, Any]]:
-    from microbench.predict import fit_sweep, predict_pattern
+    from microbench.analysis.predict import fit_sweep, predict_pattern
 
     fits = fit_sweep(sweep_table(sweep))
     rows = []

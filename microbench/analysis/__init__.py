@@ -1,0 +1,1 @@
+"""What is computed from result files only: compare, predict, figures, report."""

@@ -1,0 +1,103 @@
+"""`infercomm replay`: run a pattern's calls on real ranks and measure their time."""
+
+import argparse
+import json
+import socket
+
+from microbench.argtypes import UsageError
+from microbench.cli.pattern_args import add_pattern_arguments, pattern_from_args
+from microbench.cli.run_args import (
+    add_run_arguments,
+    check_backend_options,
+    check_out_dir,
+    resolve_device,
+    strip_nproc,
+)
+from microbench.ranks import dist, faults, launch
+from microbench.ranks.failures import report_rank_failure
+from microbench.replay.graphs import MODES, resolve_mode
+from microbench.replay.replayer import LEVELS, RankSamples, Replayer
+from patterns import ConfigError, Pattern
+
+EXAMPLES = """\
+launch:
+  infercomm replay --model llama-3.1-8b --tp 2 --prompt 128 --decode 128      (2 local ranks)
+  mpiexec -n 4 infercomm replay --backend mpi --model llama-3.1-8b --tp 2 --pp 2 ...
+  torchrun --nproc-per-node 4 -m microbench replay --model llama-3.1-8b --tp 4 ...
+  srun -N 2 --ntasks-per-node 4 infercomm replay --model llama-3.1-70b --tp 8 ...
+"""
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "replay", help="replay a pattern's calls on real ranks and time them",
+        description="Issue every call of one inference's pattern, in order, with its shapes, "
+                    "dtype and groups, and no model compute; time the prefill, each decode "
+                    "step and the whole inference.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_pattern_arguments(parser)
+    add_run_arguments(parser)
+    parser.add_argument("--timing", choices=LEVELS, default="step",
+                        help="marks per inference, per step (default) or per call")
+    parser.add_argument("--graph", choices=MODES, default=None,
+                        help="decode: capture each decode step in a CUDA graph and replay it, "
+                             "prefill eager, as vLLM does (default on CUDA for torch and nccl, "
+                             "except with --timing op); none: every call eager")
+    parser.add_argument("--label", default=None,
+                        help="run folder label (default replay-MODEL-tpTppP-BACKEND)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    pattern = pattern_from_args(args)  # bad input ends here, before any process or file
+    check_backend_options(args)
+    env = dist.detect()
+    if args.nproc is not None or env is None:
+        nproc = args.nproc or pattern.layout.world_size
+        pattern.layout.check_world_size(nproc)
+        check_out_dir(args.out)
+        return launch.spawn_local(nproc, args.backend, strip_nproc(args.argv))
+    pattern.layout.check_world_size(env.world_size)
+    args.launcher = env.launcher
+    return run_rank(pattern, env, args)
+
+
+def run_rank(pattern: Pattern, env: dist.DistEnv, args: argparse.Namespace) -> int:
+    from microbench.backends import open_backend
+    from microbench.ranks.watchdog import Watchdog
+    from microbench.replay.plan import build_plan
+
+    watchdog = Watchdog(args.timeout, env.rank).start()
+    faults.startup_stall(env.rank)
+    try:
+        device = resolve_device(args.device, args.backend)
+        args.graph = resolve_mode(args.graph, args.backend, device, args.timing)
+        backend = open_backend(args.backend, env=env, device=device, timeout=args.timeout,
+                               staging=args.mpi_staging)
+        watchdog.where = "group creation"
+        plan = build_plan(pattern, backend)
+        replayer = Replayer(plan, backend, args.timing, watchdog, args.graph)
+        marks = replayer.run(args.warmup, args.iters, progress=backend.rank == 0)
+        wrong = replayer.check() if args.check else None
+        watchdog.where = "collecting results"
+        samples = RankSamples(backend.rank, plan.stage, socket.gethostname(), args.timing,
+                              marks, replayer.prefill_mark, replayer.step_marks, wrong)
+        kinds = ([op.op.kind.value for run in plan.runs for _ in range(run.repeat)
+                  for op in run.ops] if args.timing == "op" else [])
+        gathered = backend.allgather_object((samples, kinds))
+        status = 0
+        if backend.rank == 0:
+            from microbench.replay.output import write_replay
+            summary = write_replay(pattern, plan, backend, args, gathered)
+            print(json.dumps(summary["last_line"], separators=(",", ":")))
+            status = 1 if summary["last_line"]["wrong"] else 0
+        else:
+            status = 1 if any(s.wrong for s, _ in gathered) else 0
+        backend.close()
+        return status
+    except (UsageError, ConfigError):
+        raise
+    except Exception as err:  # a peer's failure surfaces here as a library error
+        return report_rank_failure("replay", env.rank, err)
+    finally:
+        watchdog.stop()

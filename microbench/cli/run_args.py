@@ -1,0 +1,97 @@
+"""Options every measuring command shares (replay, sweep), and the checks they need before
+any rank starts."""
+
+import argparse
+from pathlib import Path
+
+from microbench.argtypes import UsageError, non_negative_int, positive_int
+from microbench.replay.graphs import resolve_mode
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options every measuring command shares (replay, sweep)."""
+    group = parser.add_argument_group("run")
+    group.add_argument("--backend", choices=("torch", "mpi", "nccl"), default="torch",
+                       help="torch (NCCL on GPUs, gloo on CPUs), mpi (mpi4py) or nccl (NCCL "
+                            "through CuPy, without torch.distributed)")
+    group.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                       help="buffers on cpu or cuda (default: cuda when available)")
+    group.add_argument("-n", "--iters", type=positive_int, default=10,
+                       help="timed iterations (default 10)")
+    group.add_argument("-w", "--warmup", type=non_negative_int, default=2,
+                       help="warm-up iterations, not timed (default 2)")
+    group.add_argument("-c", "--check", action="store_true",
+                       help="issue every call once more with known data and count wrong "
+                            "elements (exit 1 if any)")
+    group.add_argument("--timeout", type=float, default=120.0,
+                       help="seconds without progress after which every rank ends "
+                            "(default 120)")
+    group.add_argument("--nproc", type=positive_int, default=None,
+                       help="start N local ranks (default: tp*pp when no launcher started "
+                            "this process)")
+    group.add_argument("--mpi-staging", action="store_true",
+                       help="mpi with --device cuda: copy through host buffers around each "
+                            "call (recorded in the results)")
+    group.add_argument("--out", default="results", help="results folder (default results/)")
+
+
+def resolve_device(requested: str, backend: str = "torch") -> str:
+    if requested != "auto":
+        if requested == "cuda" and not _cuda_available(backend):
+            raise UsageError("--device cuda asked for, but no CUDA device is visible; "
+                             "use --device cpu")
+        return requested
+    return "cuda" if _cuda_available(backend) else "cpu"
+
+
+def _cuda_available(backend: str = "torch") -> bool:
+    """Whether the library behind `backend` sees a CUDA device: CuPy for nccl (which works
+    beside a CPU build of torch), torch for the others (their device buffers are torch's)."""
+    if backend == "nccl":
+        try:
+            import cupy
+            return int(cupy.cuda.runtime.getDeviceCount()) > 0
+        except Exception:  # no CuPy, no driver or no device: CuPy raises its own errors
+            return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def strip_nproc(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            out.append(arg)
+    return out
+
+
+def check_out_dir(out: str) -> None:
+    path = Path(out)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"--out {out!r} cannot be created ({err.strerror}); pass a writable "
+                         "folder") from None
+    if not path.is_dir():
+        raise UsageError(f"--out {out!r} is not a folder; pass a writable folder")
+
+
+def check_backend_options(args: argparse.Namespace) -> None:
+    """Refusals that need no rank (one line, exit 2, before any process starts)."""
+    if args.backend == "nccl":
+        from microbench.backends.nccl_backend import require_cupy
+        require_cupy()
+        if args.device == "cpu":
+            raise UsageError("the nccl backend runs on CUDA devices only; drop --device cpu "
+                             "or use --backend torch")
+    device = args.device
+    if args.graph == "decode" and device == "auto":
+        device = resolve_device(device, args.backend)  # a CPU-only machine: refuse here
+    resolve_mode(args.graph, args.backend, device, args.timing)

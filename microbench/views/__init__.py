@@ -1,0 +1,1 @@
+"""Text views: the tables and headers that commands print."""
