@@ -72,7 +72,7 @@ PARAM_COMMS_OPS = {"allreduce": "allreduce", "allreduce_coalesced": "allreduce",
                    "reduce": "reduce", "scatter": "scatter"}
 
 
-def _open_text(path: Path):  # noqa: ANN202 - a text stream
+def _open_text(path: Path):
     if path.suffix == ".gz":
         return gzip.open(path, "rt", encoding="utf-8")
     return open(path, encoding="utf-8")
@@ -81,7 +81,7 @@ def _open_text(path: Path):  # noqa: ANN202 - a text stream
 class _Stream:
     """Text read in chunks; values decoded one at a time with json's raw_decode."""
 
-    def __init__(self, f) -> None:  # noqa: ANN001 - a text file
+    def __init__(self, f) -> None:
         self.f, self.buf, self.pos = f, "", 0
         self.decoder = json.JSONDecoder()
 
