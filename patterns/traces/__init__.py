@@ -34,6 +34,7 @@ def read_traces(paths: Sequence[str]) -> Trace:
             rank = read_kineto(path, trace, index)
             found = len(rank.ids)
             if found:
+                trace.formats.add("kineto")
                 if any(r.rank == rank.rank for r in trace.ranks):
                     raise ConfigError(f"{name}: rank {rank.rank} is given twice; pass one "
                                       "Kineto file per rank")
@@ -42,6 +43,8 @@ def read_traces(paths: Sequence[str]) -> Trace:
             try:
                 with open(path, encoding="utf-8", errors="replace") as f:
                     found = logs.feed(f)
+                if found:
+                    trace.formats.add("nccl")
             except OSError as err:
                 raise ConfigError(f"trace file {name!r} cannot be read ({err.strerror}); pass "
                                   + EXPECTED) from None

@@ -68,6 +68,7 @@ class Trace:
     unparsed: int = 0
     unknown: Counter = field(default_factory=Counter)  # names of events / kinds of lines
     notes: list[str] = field(default_factory=list)
+    formats: set[str] = field(default_factory=set)  # "nccl" (logs), "kineto"
     _index: dict[Call, int] = field(default_factory=dict, repr=False)
 
     def intern(self, call: Call) -> int:

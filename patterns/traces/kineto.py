@@ -201,6 +201,8 @@ def _pg_sizes(info: dict[str, Any] | None, rank: int) -> set[int]:
     sizes = set()
     for pg in (info or {}).get("pg_config") or []:
         ranks = pg.get("ranks")
+        if isinstance(ranks, list) and len(ranks) < 2:
+            continue  # a group of one rank (a PP group at pp=1) says nothing of the others
         if isinstance(ranks, list) and rank in ranks:
             sizes.add(len(ranks))
         elif isinstance(pg.get("pg_size"), int) and not isinstance(ranks, list):
