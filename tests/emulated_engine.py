@@ -2,10 +2,12 @@
 under torch.profiler, one Kineto JSON per rank. Written from the engine code (engine spec
 section 2.1), not from `patterns`, so a test that compares the two can fail.
 
-    python tests/emulated_engine.py OUT --tp 2 --pp 2 --prompt 4 --decode 3 [--drop R:STEP:N]
+    python tests/emulated_engine.py OUT --tp 2 --pp 2 --prompt 4 --decode 3 --port P
+        [--gz] [--also-drop STEP:N]
 
 The model is the tests' tiny one (h=64, 4 layers, vocab 1000 padded to 1024, bf16).
-`--drop R:STEP:N` leaves out the N-th all-reduce of step STEP on rank R (a fault to find).
+`--also-drop STEP:N` runs the inference a second time, profiled into OUT/drop, leaving out
+the N-th all-reduce of step STEP on every rank (a call hidden from the trace, to be found).
 """
 
 import argparse
@@ -22,16 +24,15 @@ DTYPE = torch.bfloat16
 
 
 def _step(tokens: int, rows: int, stage: int, tp_rank: int, args: argparse.Namespace,
-          tp_group: object, pp_group: object, step: int, rank: int) -> None:
+          tp_group: object, pp_group: object, drop: int | None) -> None:
     tp, pp = args.tp, args.pp
     layers = LAYERS // pp  # get_pp_indices: 4 layers split evenly
-    drop = args.drop if args.drop and args.drop[0] == rank and args.drop[1] == step else None
     allreduces = 0
 
     def all_reduce(x: torch.Tensor) -> None:
         nonlocal allreduces
         allreduces += 1
-        if drop is None or drop[2] != allreduces:
+        if drop != allreduces:
             dist.all_reduce(x, group=tp_group)
 
     if stage > 0:  # recv_tensor_dict(all_gather_group=tp): recv a slice, all-gather it
@@ -71,15 +72,21 @@ def _rank(rank: int, args: argparse.Namespace, port: int) -> None:
                  for t in range(args.tp)]
     stage, tp_rank = divmod(rank, args.tp)
     tp_group, pp_group = tp_groups[stage], pp_groups[tp_rank]
-    steps = args.decode  # 1 prefill step + (decode - 1) decode steps
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
-                 schedule=schedule(wait=0, warmup=0, active=steps + 1)) as prof:
-        for step in range(steps):
-            tokens = args.prompt if step == 0 else 1  # batch of one request
-            _step(tokens, 1, stage, tp_rank, args, tp_group, pp_group, step, rank)
-            prof.step()
-    suffix = ".json.gz" if args.gz else ".json"
-    prof.export_chrome_trace(os.path.join(args.out, f"rank{rank}{suffix}"))
+    runs = [(args.out, None)]
+    if args.also_drop:
+        runs.append((os.path.join(args.out, "drop"), args.also_drop))
+    for out, drop in runs:
+        steps = args.decode  # 1 prefill step + (decode - 1) decode steps
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
+                     schedule=schedule(wait=0, warmup=0, active=steps + 1)) as prof:
+            for step in range(steps):
+                tokens = args.prompt if step == 0 else 1  # batch of one request
+                dropped = drop[1] if drop and drop[0] == step else None
+                _step(tokens, 1, stage, tp_rank, args, tp_group, pp_group, dropped)
+                prof.step()
+        os.makedirs(out, exist_ok=True)
+        suffix = ".json.gz" if args.gz else ".json"
+        prof.export_chrome_trace(os.path.join(out, f"rank{rank}{suffix}"))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -93,7 +100,7 @@ def main() -> None:
     parser.add_argument("--decode", type=int, default=3)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--gz", action="store_true")
-    parser.add_argument("--drop", default=None,
+    parser.add_argument("--also-drop", default=None,
                         type=lambda s: tuple(int(x) for x in s.split(":")))
     args = parser.parse_args()
     mp.spawn(_rank, args=(args, args.port), nprocs=args.tp * args.pp)
