@@ -22,14 +22,14 @@ from dataclasses import dataclass, field
 
 from patterns.traces.calls import Call, RankCalls, Trace
 
-_PREFIX = re.compile(r"(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] NCCL INFO ")
-_COLL = re.compile(
-    r"(?P<op>[A-Za-z]+): opCount (?P<opcount>[0-9a-fA-F]+) sendbuff \S+ recvbuff \S+ "
-    r"count (?P<count>\d+) datatype (?P<dtype>\d+) op (?P<redop>\d+) root (?P<root>-?\d+) "
-    r"comm (?P<comm>\S+) \[nranks=(?P<nranks>\d+)\] stream \S+"
-    r"(?: task (?P<task>-?\d+) globalrank (?P<globalrank>-?\d+))?")
-_INIT = re.compile(r"comm (?P<comm>\S+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) "
-                   r"cudaDev (?P<dev>\d+).*Init COMPLETE")
+_PREFIX = r"([^\s:]+):(\d+):\d+ \[(\d+)\] NCCL INFO "  # host, pid, (tid), cudaDev
+_WHO = re.compile(r"([^\s:]+):(\d+):\d+ \[(\d+)\]$")  # the prefix's end: host:pid:tid [dev]
+_LINE = re.compile(
+    r"([A-Za-z]+): opCount [0-9a-fA-F]+ sendbuff \S+ recvbuff \S+ count (\d+) "
+    r"datatype (\d+) op \d+ root (-?\d+) comm (\S+) \[nranks=(\d+)\] stream \S+"
+    r"(?: task -?\d+ globalrank (-?\d+))?")
+_INIT_LINE = re.compile(_PREFIX + r".*?comm (\S+) rank (\d+) nranks (\d+) cudaDev \d+.*"
+                        r"Init COMPLETE")
 
 # ncclDataType_t, src/nccl.h.in (v2.18.1-1 lines 190-201, v2.30.7-1 lines 382-394).
 DATATYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "fp16", "fp32", "fp64",
@@ -65,40 +65,60 @@ class LogReader:
         return proc
 
     def feed(self, lines: Iterable[str]) -> int:
-        """Read lines; return the calls found."""
+        """Read lines; return the calls found. Hot loop: one regex per call line, and a
+        cache from the line's call fields to the interned call and the process's list."""
         trace, found = self.trace, 0
-        coll_search, init_search, prefix_search = _COLL.search, _INIT.search, _PREFIX.search
-        intern = trace.intern
+        line_match, init_search, who_search = _LINE.match, _INIT_LINE.search, _WHO.search
+        calls_of: dict[str, _Process | None] = {}  # "host:pid:tid [dev]" -> its process
+        ids_of: dict[tuple[str, ...], int] = {}
+        unknown = trace.unknown
         for line in lines:
             if "opCount" in line:
-                pre = prefix_search(line)
-                m = coll_search(line, pre.end()) if pre else None
-                if m is None or m.start() != pre.end():  # e.g. a TRACE line of opCount
-                    trace.unparsed += 1
-                    trace.unknown["non-call line with opCount"] += 1
+                # The call's fields sit at fixed places of the format (words split on
+                # spaces): checking the literal words is as strict as a regex, and faster.
+                at = line.find(" NCCL INFO ")
+                w = line[at + 11:].split() if at > 0 else ()
+                if (len(w) < 20 or w[1] != "opCount" or w[7] != "count" or w[9] != "datatype"
+                        or w[13] != "root" or w[15] != "comm" or w[18] != "stream"
+                        or not w[0].endswith(":") or not w[17].startswith("[nranks=")):
+                    trace.unparsed += 1  # e.g. a TRACE line about an opCount
+                    unknown["non-call line with opCount"] += 1
                     continue
-                call = _call(m)
-                if call is None:
+                who = line[max(0, line.rfind(" ", 0, line.rfind(" ", 0, at)) + 1):at]
+                if who in calls_of:
+                    proc = calls_of[who]
+                else:
+                    m = who_search(who)
+                    proc = calls_of[who] = (self._proc(f"{m[1]}:{m[2]}:{m[3]}") if m else None)
+                if proc is None:
                     trace.unparsed += 1
-                    trace.unknown[f"NCCL op {m['op']}"] += 1
+                    unknown["call line without host:pid:tid [cudaDev]"] += 1
                     continue
-                proc = self._proc(f"{pre['host']}:{pre['pid']}:{pre['dev']}")
-                proc.calls.ids.append(intern(call))
-                if m["globalrank"] is not None:
-                    proc.ranks_in.setdefault(m["comm"], (int(m["globalrank"]), call.group_size))
+                key = (w[0], w[8], w[10], w[14], w[16], w[17])
+                call_id = ids_of.get(key)
+                if call_id is None:
+                    m = line_match(line, at + 11)
+                    call = _call(*m.groups()[:6]) if m else None
+                    if call is None:
+                        trace.unparsed += 1
+                        unknown[f"NCCL call {w[0]} datatype {w[10]}"] += 1
+                        continue
+                    call_id = ids_of[key] = trace.intern(call)
+                proc.calls.ids.append(call_id)
+                if len(w) >= 24 and w[22] == "globalrank" and w[16] not in proc.ranks_in:
+                    proc.ranks_in[w[16]] = (int(w[23]), trace.table[call_id].group_size or 0)
                 found += 1
             elif "Init COMPLETE" in line:
-                pre = prefix_search(line)
-                m = init_search(line, pre.end()) if pre else None
+                m = init_search(line)
                 if m is None:
                     trace.unparsed += 1
-                    trace.unknown["other line"] += 1
+                    unknown["other line"] += 1
                     continue
-                proc = self._proc(f"{pre['host']}:{pre['pid']}:{pre['dev']}")
-                proc.ranks_in[m["comm"]] = (int(m["rank"]), int(m["nranks"]))
+                host, pid, dev, comm, rank, nranks = m.groups()
+                self._proc(f"{host}:{pid}:{dev}").ranks_in[comm] = (int(rank), int(nranks))
             elif line.strip():
                 trace.unparsed += 1
-                trace.unknown["other line"] += 1
+                unknown["other line"] += 1
         if found:
             self.files_with_calls += 1
         return found
@@ -129,12 +149,13 @@ def _sort_key(key: str) -> tuple[str, int, int]:
     return host, int(pid), int(dev)
 
 
-def _call(m: re.Match) -> Call | None:
-    op = OPS.get(m["op"])
-    dtype_id = int(m["dtype"])
+def _call(name: str, count_text: str, dtype_text: str, root_text: str, comm: str,
+          nranks_text: str) -> Call | None:
+    op = OPS.get(name)
+    count, dtype_id, root = int(count_text), int(dtype_text), int(root_text)
+    nranks = int(nranks_text)
     if op is None or not 0 <= dtype_id < len(DATATYPES):
         return None
-    count, nranks, root = int(m["count"]), int(m["nranks"]), int(m["root"])
     # ReduceScatter's count is the receive count; its input is nranks times that
     # (v2.30.7-1 src/include/enqueue.h:33 ncclFuncSendCount); AllGather's count is the send
     # count (enqueue.h:36 ncclFuncRecvCount multiplies the receive side).
@@ -142,4 +163,4 @@ def _call(m: re.Match) -> Call | None:
     peer = root if op in ("send", "recv") else None
     root_of = root if op in ("broadcast", "reduce", "gather", "scatter") else None
     return Call(op=op, numel=numel, dtype=DATATYPES[dtype_id], group_size=nranks,
-                group=f"comm {m['comm']}", peer=peer, root=root_of)
+                group=f"comm {comm}", peer=peer, root=root_of)
