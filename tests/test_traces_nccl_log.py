@@ -199,3 +199,19 @@ def test_validate_an_nccl_log_with_gather_as_send_recv(tmp_path: Path) -> None:
     assert last_json(proc.stdout)["first_difference"] == (
         "rank 0: call 20 (decode step 1, op 9 of the step) differs: the trace has allreduce 64 "
         "x bf16 (group of 2), the pattern has recv 512 x bf16 (group of 2 peer 1) [logits]")
+
+
+def test_replay_of_an_nccl_log_folds_the_grouped_gather(tmp_path: Path) -> None:
+    """The TP2 log above, replayed on gloo: rank 0's Recv from 1 and rank 1's Send to 0 on
+    the all-reduces' communicator are one gather (root 0) again, so both ranks issue the same
+    calls; the barrier before the first step stays in the prefill step (the trace holds it)."""
+    path = tmp_path / "tp2.log"
+    path.write_text("\n".join(_tp2_log()) + "\n")
+    proc, _ = infercomm("replay", "--trace", str(path), "--device", "cpu", "-n", "1", "-w",
+                        "0", "--check", "--out", str(tmp_path / "results"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = last_json(proc.stdout)
+    # prefill: barrier + 9 all-reduces + gather = 11; two decode steps of 10 (the period
+    # that repeats at the end); 11 + 2 x 10 = 31
+    assert summary["calls_per_inference"] == 31
+    assert (summary["tp"], summary["pp"], summary["decode"], summary["wrong"]) == (2, 1, 3, 0)

@@ -29,7 +29,8 @@ def trace_layout(trace: Trace) -> Layout:
                           "logs of every process)")
     sizes: Counter = Counter()
     p2p = False
-    for call in trace.table:
+    used = sorted({i for rank in trace.ranks for i in set(rank.ids)})
+    for call in (trace.table[i] for i in used):
         if call.op in ("send", "recv"):
             p2p = True
         elif call.group_size is not None:
@@ -92,8 +93,62 @@ def _check_stage(trace: Trace, ranks: list[RankCalls], stage: int) -> None:
                               "rank of a stage to issue the same calls")
 
 
+def _fold_run(calls: list[Call], i: int) -> tuple[Call, int] | None:
+    """The gather or all-to-all that grouped Send/Recv from `calls[i]` on make, and how many
+    calls it took; None when they are plain point-to-point calls."""
+    first = calls[i]
+    n = first.group_size or 0
+    same = [c for c in calls[i:i + 2 * n]
+            if c.group == first.group and (c.numel, c.dtype) == (first.numel, first.dtype)]
+    # all-to-all: Send r, Recv r for every r of the group, self included
+    pairs = [(c.op, c.peer) for c in same[:2 * n]]
+    if n > 1 and len(pairs) == 2 * n and pairs == [(op, r) for r in range(n)
+                                                    for op in ("send", "recv")]:
+        return Call("alltoall", first.numel * n, first.dtype, n, first.group), 2 * n
+    if first.op == "send":  # a gather's non-root: one Send to the root
+        return Call("gather", first.numel, first.dtype, n, first.group, root=first.peer), 1
+    run = []
+    for c in same:
+        if c.op != "recv":
+            break
+        run.append(c.peer)
+    if len(run) >= n - 1 and n > 1:
+        run = run[:n - 1]
+        missing = sorted(set(range(n)) - set(run))
+        if len(missing) == 1 and run == sorted(run):  # the root receives from all others
+            return (Call("gather", first.numel, first.dtype, n, first.group, root=missing[0]),
+                    n - 1)
+    return None
+
+
+def fold_grouped_p2p(trace: Trace) -> None:
+    """NCCL logs show torch's gather and all-to-all as grouped Send/Recv (no ncclGather
+    before 2.30): fold them back where they run on a communicator that also carries the
+    rank's all-reduces (a TP group), never on a pipeline's send/recv communicator."""
+    for rank in trace.ranks:
+        calls = trace.rank_calls(rank)
+        reducing = {c.group for c in calls if c.op == "allreduce"}
+        if not any(c.op in ("send", "recv") and c.group in reducing for c in calls):
+            continue
+        out, i = [], 0
+        while i < len(calls):
+            c = calls[i]
+            folded = (_fold_run(calls, i) if c.op in ("send", "recv") and c.group in reducing
+                      else None)
+            if folded is None:
+                out.append(trace.intern(c))
+                i += 1
+            else:
+                out.append(trace.intern(folded[0]))
+                i += folded[1]
+        rank.ids = type(rank.ids)("I", out)
+        rank.step_starts = None  # positions moved; logs carry no step annotations anyway
+
+
 def trace_pattern(trace: Trace) -> Pattern:
     """The trace as a pattern: the first step is the prefill, the others decode steps."""
+    if "nccl" in trace.formats:
+        fold_grouped_p2p(trace)
     layout = trace_layout(trace)
     stages = []
     decode_steps = 0
