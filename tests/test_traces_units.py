@@ -61,3 +61,51 @@ def test_a_cut_off_trace_is_refused(tmp_path: Path) -> None:
     from patterns.traces import read_traces
     with pytest.raises(ConfigError, match="not a readable Kineto JSON trace"):
         read_traces([str(path)])
+
+
+def _event(name: str, ts: float, args: dict) -> dict:
+    return {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": 1.0, "args": args}
+
+
+def test_record_param_comms_wins_over_c10d_events(tmp_path: Path) -> None:
+    """On NCCL torch emits both a c10d op and record_param_comms (args named in
+    torch/csrc/profiler/util.h: Collective name, dtype, In msg nelems, Group size, Rank);
+    each call is counted once, from record_param_comms, which has the group size."""
+    events = [
+        _event("c10d::allreduce_", 1.0, {"Input Dims": [[[4, 64]], []],
+                                         "Input type": ["TensorList", ""]}),
+        _event("record_param_comms", 1.1, {"Collective name": "allreduce", "dtype": "BFloat16",
+                                           "In msg nelems": 256, "Out msg nelems": 256,
+                                           "Group size": 4, "Process Group Name": "3"}),
+        _event("record_param_comms", 2.0, {"Collective name": "send", "dtype": "Half",
+                                           "In msg nelems": 128, "Out msg nelems": 128,
+                                           "Group size": 2, "Rank": 1}),
+        _event("record_param_comms", 3.0, {"Collective name": "barrier", "dtype": "Float",
+                                           "In msg nelems": 1, "Group size": 4}),
+    ]
+    path = tmp_path / "nccl_rank0.json"
+    path.write_text(json.dumps({"distributedInfo": {"rank": 0}, "traceEvents": events}))
+    from patterns.traces import read_traces
+    trace = read_traces([str(path)])
+    calls = trace.rank_calls(trace.ranks[0])
+    assert [(c.op, c.numel, c.dtype, c.group_size, c.peer) for c in calls] == [
+        ("allreduce", 256, "bf16", 4, None), ("send", 128, "fp16", 2, 1)]
+    assert trace.unparsed == 1 and trace.unknown == {"record_param_comms barrier": 1}
+
+
+def test_validate_refuses_missing_files_and_ranks_outside_the_layout(tmp_path: Path) -> None:
+    from tests.replay_helpers import infercomm
+    proc, _ = infercomm("validate", "--trace", str(tmp_path / "nope.log"), "--model",
+                        "llama-3.1-8b", "--tp", "2", "--prompt", "4", "--decode", "2")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("infercomm validate: error: trace file ")
+    path = tmp_path / "rank5.json"
+    path.write_text(json.dumps({"distributedInfo": {"rank": 5}, "traceEvents": [
+        _event("c10d::allreduce_", 1.0, {"Input Dims": [[[4, 4096]]],
+                                         "Input type": ["TensorList"]})]}))
+    proc, _ = infercomm("validate", "--trace", str(path), "--model", "llama-3.1-8b", "--tp",
+                        "2", "--prompt", "4", "--decode", "2")
+    assert proc.returncode == 2
+    assert proc.stderr == ("infercomm validate: error: trace rank 5 (?:rank5 (rank5.json)) is "
+                           "outside the layout's 2 ranks; pass the --tp/--pp the engine ran "
+                           "with\n")
