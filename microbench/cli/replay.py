@@ -56,9 +56,11 @@ def pattern_or_trace(args: argparse.Namespace) -> Pattern:
     """The generated pattern, or the trace's calls folded into one (`--trace`)."""
     named = [flag for flag, value in (("--model", args.model), ("--prompt", args.prompt),
                                       ("--decode", args.decode)) if value is not None]
+    laid_out = [flag for flag, value in (("--tp", args.tp), ("--pp", args.pp)) if value != 1]
     if args.trace:
-        if named:
-            raise UsageError(f"--trace replays the trace's own calls; drop {', '.join(named)}")
+        if named or laid_out:
+            raise UsageError("--trace replays the trace's own calls on its own layout; drop "
+                             + ", ".join(named + laid_out))
         from patterns.traces import read_traces
         from patterns.traces.to_pattern import trace_pattern
         return trace_pattern(read_traces(args.trace))
