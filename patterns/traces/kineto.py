@@ -48,7 +48,8 @@ C10D_OPS: dict[str, tuple[str, int, int | None]] = {
     "c10d::send": ("send", 0, 2),
     "c10d::recv_": ("recv", 0, 2),
     "c10d::alltoall_base_": ("alltoall", 1, None),
-    "c10d::reduce_": ("reduce", 0, 2),
+    "c10d::reduce_": ("reduce", 0, 3),  # (tensors, pg, reduce_op, root_rank, ...)
+    "c10d::allgather_": ("allgather", 1, None),  # (output lists, inputs, pg, ...)
 }
 
 # The backends' own events: gloo:all_reduce, nccl:all_reduce, ...
@@ -178,8 +179,10 @@ def _numel(dims: Any) -> int | None:
     if not isinstance(dims, list):
         return None
     if dims and isinstance(dims[0], list):
+        if not all(isinstance(d, list) and all(isinstance(x, int) for x in d) for d in dims):
+            return None  # a list of lists of tensors: not one rank's input
         return sum(prod(d) for d in dims)
-    return prod(dims)
+    return prod(dims) if all(isinstance(x, int) for x in dims) else None
 
 
 def _concrete_int(args: dict[str, Any], index: int | None) -> int | None:
