@@ -215,3 +215,15 @@ def test_replay_of_an_nccl_log_folds_the_grouped_gather(tmp_path: Path) -> None:
     # that repeats at the end); 11 + 2 x 10 = 31
     assert summary["calls_per_inference"] == 31
     assert (summary["tp"], summary["pp"], summary["decode"], summary["wrong"]) == (2, 1, 3, 0)
+
+
+def test_without_init_lines_ranks_follow_host_then_device(tmp_path: Path) -> None:
+    """COLL only: the process on device 0 is rank 0 even when its pid is the larger."""
+    version = "v2.18.1-1"
+    lines = [coll_line(version, prefix("node-a", pid, dev, version), "AllReduce", count, 9, 0,
+                       f"0x{pid}", 2, 0)
+             for pid, dev, count in ((900, 1, 11), (500, 0, 22))]
+    path = tmp_path / "coll-only.log"
+    path.write_text("\n".join(lines) + "\n")
+    doc = json.loads(infercomm("trace", str(path), "--format", "json")[0].stdout)
+    assert [(r["rank"], r["numel"]) for r in doc["rows"]] == [(0, 22), (1, 11)]

@@ -125,7 +125,7 @@ class LogReader:
 
     def finish(self) -> None:
         """Give each process its rank: its rank in the largest communicator it belongs to
-        (from init lines, or RCCL's globalrank); else its place in sorted order."""
+        (from init lines, or RCCL's globalrank); else its place in host, cudaDev, pid order."""
         procs = [p for p in self.procs.values() if len(p.calls.ids)]
         chosen: list[int] = []
         for proc in procs:
@@ -145,8 +145,9 @@ class LogReader:
 
 
 def _sort_key(key: str) -> tuple[str, int, int]:
+    """Host, then device (a launcher gives local rank r device r), then pid."""
     host, pid, dev = key.rsplit(":", 2)
-    return host, int(pid), int(dev)
+    return host, int(dev), int(pid)
 
 
 def _call(name: str, count_text: str, dtype_text: str, root_text: str, comm: str,
