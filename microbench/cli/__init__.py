@@ -20,12 +20,16 @@ COMMAND_MODULES = (
     "microbench.cli.compare",
     "microbench.cli.predict",
     "microbench.cli.report",
+    "microbench.cli.trace",
+    "microbench.cli.validate",
 )
 
 EXAMPLES = """\
 examples:
   infercomm models
   infercomm pattern --model llama-3.1-8b --tp 2 --pp 2 --prompt 128 --decode 128
+  infercomm trace rank0.json rank1.json
+  infercomm validate --trace nccl.log --model llama-3.1-8b --tp 2 --prompt 128 --decode 128
 """
 
 
