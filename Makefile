@@ -15,7 +15,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check $(TORCH_PIN)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[torch,mpi,plot,dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[torch,mpi,plot,analysis,dev]'
 	touch $(STAMP)
 
 # The main job: Llama-3.1-8B TP2 replayed on 2 local ranks, over gloo and over MPI.
