@@ -30,10 +30,15 @@ lint: setup
 test: lint
 	$(BIN)/python -m pytest
 
+# pytest-benchmark with its own configuration (benchmarks/pytest.ini); each run is saved
+# under .benchmarks/<suite> and compared with the previous one there when there is one.
+BENCH := $(BIN)/python -m pytest -c benchmarks/pytest.ini --benchmark-autosave
 bench: setup
-	$(BIN)/python benchmarks/pattern_generation.py
-	$(BIN)/python benchmarks/replay_overhead.py --backend mpi
-	$(BIN)/python benchmarks/replay_overhead.py --backend torch -n 5
+	$(BENCH) --benchmark-storage=.benchmarks/patterns $$(ls -d .benchmarks/patterns/*/ \
+	  >/dev/null 2>&1 && echo --benchmark-compare) benchmarks/bench_pattern_generation.py
+	PATH="$(abspath $(BIN)):$$PATH" OMP_NUM_THREADS=1 $(BIN)/mpiexec -n 2 $(BENCH) \
+	  --benchmark-storage=.benchmarks/replay $$(ls -d .benchmarks/replay/*/ >/dev/null \
+	  2>&1 && echo --benchmark-compare) benchmarks/bench_replay_overhead.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache
