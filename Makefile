@@ -31,14 +31,16 @@ test: lint
 	$(BIN)/python -m pytest
 
 # pytest-benchmark with its own configuration (benchmarks/pytest.ini); each run is saved
-# under .benchmarks/<suite> and compared with the previous one there when there is one.
+# under .benchmarks/<suite> and compared with the previous one there when there is one
+# (--benchmark-compare last: it takes an optional value).
 BENCH := $(BIN)/python -m pytest -c benchmarks/pytest.ini --benchmark-autosave
+compare_with = $$(ls -d .benchmarks/$(1)/*/ >/dev/null 2>&1 && echo --benchmark-compare)
 bench: setup
-	$(BENCH) --benchmark-storage=.benchmarks/patterns $$(ls -d .benchmarks/patterns/*/ \
-	  >/dev/null 2>&1 && echo --benchmark-compare) benchmarks/bench_pattern_generation.py
+	$(BENCH) benchmarks/bench_pattern_generation.py --benchmark-storage=.benchmarks/patterns \
+	  $(call compare_with,patterns)
 	PATH="$(abspath $(BIN)):$$PATH" OMP_NUM_THREADS=1 $(BIN)/mpiexec -n 2 $(BENCH) \
-	  --benchmark-storage=.benchmarks/replay $$(ls -d .benchmarks/replay/*/ >/dev/null \
-	  2>&1 && echo --benchmark-compare) benchmarks/bench_replay_overhead.py
+	  benchmarks/bench_replay_overhead.py --benchmark-storage=.benchmarks/replay \
+	  $(call compare_with,replay)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache
