@@ -85,7 +85,14 @@ def replay_samples(run: RunFolder) -> dict[str, np.ndarray]:
         out["decode_step_us"] = decode_step_us(rows["decode_us"].to_numpy(dtype=float), steps)
     out["e2e_us"] = rows["e2e_us"].to_numpy(dtype=float)
     if run.tables.ops is not None:
-        out.update(op_kind_samples(run.tables.ops, len(rows)))
+        ops = run.tables.ops
+        beyond = ops["iteration"] >= len(rows)
+        if beyond.any():
+            first = int(beyond.idxmax())
+            raise UsageError(f"{run.path / 'ops.csv'}: line {first + 2}: iteration "
+                             f"{int(ops['iteration'][first])}, but iterations.csv has "
+                             f"{len(rows)} timed inferences; the files are not of one run")
+        out.update(op_kind_samples(ops, len(rows)))
     return out
 
 
@@ -94,8 +101,7 @@ def op_kind_samples(ops: "pd.DataFrame", iterations: int) -> dict[str, np.ndarra
     (0 in an inference where the kind has no call)."""
     per_rank = ops.groupby(["op", "iteration", "rank"])["time_us"].sum()
     worst = per_rank.groupby(level=["op", "iteration"]).max().unstack("iteration")
-    count = max(iterations, int(ops["iteration"].max()) + 1)
-    worst = worst.reindex(columns=range(count), fill_value=0.0).fillna(0.0)
+    worst = worst.reindex(columns=range(iterations), fill_value=0.0).fillna(0.0)
     return {f"{kind}_us": worst.loc[kind].to_numpy(dtype=float) for kind in sorted(worst.index)}
 
 
