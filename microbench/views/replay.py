@@ -20,7 +20,8 @@ def replay_table(summary: dict[str, Any], title: str) -> str:
     ]
     rows = [
         ["prefill (TTFT share)", _us(s["prefill_us"]), f"{s['prefill_steps']} step(s)"],
-        ["decode step (TPOT share)", _us(s["decode_step_us"]), "median over decode steps"],
+        ["decode step (TPOT share)", _us(s["decode_step_us"]),
+         "decode / steps, median over inferences"],
         ["decode step p99", _us(s["decode_step_p99_us"]),
          "" if s["decode_step_p99_us"] is not None else "needs --timing step or op"],
         ["decode, all steps", _us(s["decode_us"]), f"{s['decode_steps']} steps"],
