@@ -1,0 +1,92 @@
+"""Which transport an engine sends a call through, under its defaults (engine spec 10.2).
+
+The count and shapes of calls never depend on this; only what carries them does. Sizes are
+per-rank input bytes. Tables are vLLM's and SGLang's own, keyed by GPU architecture:
+
+- vLLM `CudaCommunicator.all_reduce` takes the first of: NCCL symmetric memory (off by
+  default), quick-reduce (ROCm), standalone FlashInfer all-reduce (off by default), AITER
+  (ROCm), custom all-reduce, torch symmetric memory, PyNccl
+  (`distributed/device_communicators/cuda_communicator.py`; vllm-project/vllm
+  `all_reduce_utils.py` @ 00d618aa for the size tables). Before that, the compile pass
+  `fuse_allreduce_rms` (on at -O2 when TP > 1 on sm90/sm100 with FlashInfer, which vLLM's
+  CUDA requirements pin) turns every all-reduce that feeds an RMSNorm into FlashInfer's fused
+  kernel up to `FI_ALLREDUCE_FUSION_MAX_SIZE_MB` (`compilation/passes/fusion/
+  allreduce_rms_fusion.py` @ 0052812d).
+- SGLang main of 2026-07 (modal-projects/sglang @ 8905cbd4, engine spec 10.4): JIT custom
+  all-reduce for world sizes 2-8 up to 16 MiB, NCCL above; FlashInfer all-reduce + RMSNorm
+  fusion only for the architectures listed below; the logits all-gather through a Triton
+  multimem kernel when bf16 and at most 128 rows on a GPU with NVLink multicast (sm90+).
+"""
+
+from patterns.ops import Transport
+
+MiB = 1 << 20
+
+# sm90 = H100/H200, sm100 = B200, sm80 = A100 (no fusion, no torch symm-mem table).
+GPU_ARCH = {"h100": "sm90", "h200": "sm90", "b200": "sm100", "a100": "sm80"}
+
+# allreduce_rms_fusion.py: FI_ALLREDUCE_FUSION_MAX_SIZE_MB[90] / [100].
+VLLM_FUSED_MAX = {"sm90": {2: 64 * MiB, 4: 2 * MiB, 8: MiB // 2},
+                  "sm100": {2: 64 * MiB, 4: 32 * MiB, 8: 1 * MiB}}
+# all_reduce_utils.py: CUSTOM_ALL_REDUCE_MAX_SIZES["9.0"] / ["10.0"].
+VLLM_CUSTOM_AR_MAX = {"sm90": {2: 64 * MiB, 4: 32 * MiB, 6: MiB // 2, 8: MiB // 4},
+                      "sm100": {2: 2 * MiB, 4: 2 * MiB, 6: 1 * MiB, 8: 1 * MiB}}
+# custom_all_reduce.py's own default max_size, and its cap once torch symm-mem is up.
+VLLM_CUSTOM_AR_DEFAULT = 8 * MiB
+# all_reduce_utils.py: SYMM_MEM_ALL_REDUCE_MAX_SIZES["9.0"] / ["10.0"].
+VLLM_SYMM_MEM_MAX = {"sm90": {2: 64 * MiB, 4: 32 * MiB, 6: 64 * MiB, 8: 64 * MiB},
+                     "sm100": {2: 8 * MiB, 4: 32 * MiB, 6: 128 * MiB, 8: 128 * MiB}}
+CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8)
+
+SGLANG_CUSTOM_AR_MAX = 16 * MiB
+SGLANG_FUSION_MODEL_TYPES = frozenset({"deepseek_v3", "qwen3_moe", "gpt_oss"})
+SGLANG_MULTIMEM_MAX_ROWS = 128
+
+
+def vllm_allreduce(nbytes: int, tp: int, gpu: str, dtype: str, feeds_rmsnorm: bool,
+                   nccl_only: bool) -> Transport:
+    """The transport of one vLLM V1 TP all-reduce of `nbytes` per rank.
+
+    `feeds_rmsnorm`: the result goes straight into an RMSNorm (every model all-reduce except
+    the last layer's on a stage that hands its output to the next stage), so the fusion pass
+    can take it. `nccl_only`: `--disable-custom-all-reduce` and -O0, the seeds' setting.
+    """
+    if nccl_only or tp == 1:
+        return Transport.NCCL
+    arch = GPU_ARCH[gpu]
+    fused = VLLM_FUSED_MAX.get(arch, {}).get(tp)
+    if feeds_rmsnorm and fused is not None and nbytes <= fused:
+        return Transport.FUSED_ALLREDUCE_RMSNORM
+    symm_max = VLLM_SYMM_MEM_MAX.get(arch, {}).get(tp) if dtype == "bf16" else None
+    if tp in CUSTOM_AR_WORLD_SIZES and nbytes % 16 == 0:
+        custom_max = VLLM_CUSTOM_AR_MAX.get(arch, {}).get(tp, VLLM_CUSTOM_AR_DEFAULT)
+        if symm_max is not None:
+            custom_max = min(custom_max, VLLM_CUSTOM_AR_DEFAULT)
+        if nbytes < custom_max:
+            return Transport.CUSTOM_ALLREDUCE
+    if symm_max is not None and nbytes < symm_max:
+        return Transport.SYMM_MEM
+    return Transport.NCCL
+
+
+def sglang_allreduce(nbytes: int, tokens: int, tp: int, gpu: str, model_type: str,
+                     nccl_only: bool) -> Transport:
+    """The transport of one SGLang TP all-reduce (engine spec 10.4)."""
+    if nccl_only or tp == 1:
+        return Transport.NCCL
+    if (model_type in SGLANG_FUSION_MODEL_TYPES and GPU_ARCH[gpu] in ("sm90", "sm100")
+            and tokens <= SGLANG_FUSION_MAX_TOKENS):
+        return Transport.FUSED_ALLREDUCE_RMSNORM
+    if 2 <= tp <= 8 and nbytes <= SGLANG_CUSTOM_AR_MAX:
+        return Transport.CUSTOM_ALLREDUCE
+    return Transport.NCCL
+
+
+# layers/communicator.py: the fused all-reduce + RMSNorm runs for batches up to this size.
+SGLANG_FUSION_MAX_TOKENS = 2048
+
+
+def sglang_logits_allgather(rows: int, dtype: str, gpu: str, nccl_only: bool) -> Transport:
+    if nccl_only or dtype != "bf16" or GPU_ARCH[gpu] == "sm80" or rows > SGLANG_MULTIMEM_MAX_ROWS:
+        return Transport.NCCL
+    return Transport.MULTIMEM
