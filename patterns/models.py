@@ -104,25 +104,25 @@ PRESETS: dict[str, ModelConfig] = {m.name: m for m in (
     ModelConfig(name="qwen3-8b", hidden_size=4096, num_hidden_layers=36, vocab_size=151936,
                 num_attention_heads=32, num_key_value_heads=8, intermediate_size=12288,
                 torch_dtype="bf16", model_type="qwen3",
-                source=_HF + "Qwen/Qwen3-8B config.json (copy: github.com/sanjithudupa/"
-                       "compute-aware-arch-search @38147a2 Qwen3-8B/config.json)"),
+                source=_HF + "Qwen/Qwen3-8B config.json (copy: tests/data/configs/qwen3-8b)"),
     ModelConfig(name="qwen3-30b-a3b", hidden_size=2048, num_hidden_layers=48,
                 vocab_size=151936, num_attention_heads=32, num_key_value_heads=4,
                 intermediate_size=6144, torch_dtype="bf16", num_local_experts=128,
                 num_experts_per_tok=8, model_type="qwen3_moe",
-                source=_HF + "Qwen/Qwen3-30B-A3B config.json (moe_intermediate_size 768, "
-                       "decoder_sparse_step 1, mlp_only_layers [])"),
+                source=_HF + "Qwen/Qwen3-30B-A3B config.json (copy: tests/data/configs/"
+                       "qwen3-30b-a3b)"),
     ModelConfig(name="deepseek-v3", hidden_size=7168, num_hidden_layers=61, vocab_size=129280,
                 num_attention_heads=128, num_key_value_heads=128, intermediate_size=18432,
                 torch_dtype="bf16", num_local_experts=256, num_experts_per_tok=8,
                 model_type="deepseek_v3", moe_layers=tuple(range(3, 61)), mla=True,
-                source=_HF + "deepseek-ai/DeepSeek-V3 config.json (first_k_dense_replace 3, "
-                       "kv_lora_rank 512; num_nextn_predict_layers 1 ignored)"),
+                source=_HF + "deepseek-ai/DeepSeek-V3 config.json (= DeepSeek-R1's, copy: "
+                       "tests/data/configs/deepseek-r1; first_k_dense_replace 3, MLA)"),
     ModelConfig(name="gpt-oss-120b", hidden_size=2880, num_hidden_layers=36, vocab_size=201088,
                 num_attention_heads=64, num_key_value_heads=8, intermediate_size=2880,
                 torch_dtype="fp32", num_local_experts=128, num_experts_per_tok=4,
                 model_type="gpt_oss",
-                source=_HF + "openai/gpt-oss-120b config.json (no torch_dtype: served as bf16)"),
+                source=_HF + "openai/gpt-oss-120b config.json (as tests/data/configs/"
+                       "gpt-oss-20b with 36 layers, 128 experts; no torch_dtype: bf16)"),
 )}
 
 _REQUIRED = ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads")
@@ -131,11 +131,13 @@ _EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts")
 _TOP_K_FIELDS = ("num_experts_per_tok", "experts_per_token")
 
 # Fields a family's config.json may leave out, with the defaults of its transformers config
-# class (Gemma 3's text_config often holds only what differs from Gemma3TextConfig:
-# transformers/models/gemma3/configuration_gemma3.py).
+# class, which is what transformers (and so vLLM) reads then: a Gemma 3 text_config may hold
+# only what differs from Gemma3TextConfig (huggingface/transformers @ 008f5c8c,
+# models/gemma3/configuration_gemma3.py, Gemma3TextConfig.__init__).
 _FAMILY_DEFAULTS: dict[str, dict[str, object]] = {
     "gemma3_text": {"vocab_size": 262208, "num_attention_heads": 8,
-                    "num_key_value_heads": 4, "head_dim": 256, "sliding_window": 4096},
+                    "num_key_value_heads": 4, "head_dim": 256, "sliding_window": 4096,
+                    "tie_word_embeddings": True},
 }
 
 

@@ -1,16 +1,28 @@
 """SGLang 0.5 (main of 2026-07-20): engine spec sections 4 and 10.4.
 
-Code followed (modal-projects/sglang @ 8905cbd4, about 0.5.15, as the spec reads it):
-`models/llama.py` (VocabParallelEmbedding all-reduce on the first PP stage, RowParallelLinear
-o_proj / down_proj), `layers/logits_processor.py` (all-gather on every TP rank of
-[S, V_pad/tp], `DEFAULT_VOCAB_PADDING_SIZE = 64`; S = the last token of each extend sequence,
-or B in decode), `server_args.py` (CUDA-graph decode batch sizes: [1, 2, 4, 8, 12] +
-range(16, 257, 8) + range(272, 512, 16) + range(512, max + 1, 32), max 256 at TP < 4 and
-512 at TP >= 4 on H100; breakable prefill graphs round extend tokens up to 4..32 step 4,
-48..256 step 16), `managers/scheduler_pp_mixin.py` (PP: `send_tensor_dict(all_gather_group=
-attn_tp_group)`, the vLLM slice + all-gather; the sampled ids sent back from the last stage
-to the first), `managers/scheduler.py: recv_requests` (`broadcast_pyobj` over the TP gloo
-group every loop: the size tensor). Transports: `patterns/transports.py`.
+Code read: modal-projects/sglang @ 8905cbd4 (upstream main of 2026-07-20, about 0.5.15),
+`python/sglang/srt/`:
+- `models/llama.py`: VocabParallelEmbedding all-reduce on the first PP stage,
+  RowParallelLinear o_proj / down_proj: 1 + 2*L_s all-reduces of [T, h];
+- `layers/logits_processor.py:376`: logits all-gathered on every TP rank, [S, V_pad/tp] ->
+  [S, V_pad] (`DEFAULT_VOCAB_PADDING_SIZE = 64`), through `MultimemAllGatherer` (Triton
+  multimem, `triton_symm_mem_ag.py:489-510`) for bf16 2-D inputs of at most
+  `recommended_max_tokens(floor=128)` rows (128 unless --max-running-requests is set), NCCL
+  otherwise; S = the last token of each extend sequence, or B in decode;
+- `server_args.py:4179-4206` `_generate_decode_cuda_graph_batch_sizes`: [1, 2, 4, 8, 12] +
+  range(16, 257, 8) + range(272, 512, 16) + range(512, max_bs + 1, 32), cut at max_bs and
+  max_bs appended; `server_args.py:3922-3948`: max_bs 256 at TP < 4 and 512 at TP >= 4 on
+  H100 / A100 / H200, 512 on B200; chunked_prefill_size 8192 (16384 on B200);
+- `server_args.py:4232-4249` `_generate_prefill_cuda_graph_batch_sizes` and `:3984-4015`:
+  prefill (extend) steps padded to the token ladder 4..32 step 4, 48..256 step 16, 288..512
+  step 32, 576..1024 step 64, 1280..4096 step 256, 4608.. step 512, up to
+  chunked_prefill_size (2048 for MLA models);
+- `managers/scheduler_pp_mixin.py`: PP proxy tensors through `send_tensor_dict(
+  all_gather_group=attn_tp_group)` (vLLM's slice + all-gather), and the sampled ids sent from
+  the last stage back to the first;
+- `managers/scheduler.py: recv_requests`: `broadcast_pyobj` over the TP gloo group each
+  scheduler loop (the size tensor; `--control-plane`).
+Transports: `patterns/transports.py` (custom all-reduce V2, FlashInfer fusion).
 """
 
 from patterns.dtypes import dtype_bytes
@@ -32,26 +44,30 @@ INFO = EngineInfo(
     options=("eager", "max_batched_tokens", "control_plane", "gpu", "nccl_only"),
     not_modelled=(
         "DP attention and expert parallelism (its own issue); MoE experts replicated over TP",
-        "prefill graph buckets above 256 tokens (such steps are left unpadded)",
         "the pickled request payload of broadcast_pyobj and PP's point_to_point_pyobj",
         "sampling all-reduce (SYNC_TOKEN_IDS_ACROSS_TP or grammars)",
-        "decode sizes on GPUs other than H100 (taken as H100's)",
+        "--max-running-requests (the multimem logits all-gather is taken up to 128 rows)",
     ),
 )
 
-# SGLang's default chunked_prefill_size is set by GPU memory; 8192 is taken for all GPUs.
-CHUNKED_PREFILL_SIZE = 8192
+def chunked_prefill_size(gpu: str) -> int:
+    """`server_args.py:3922-3948`: 8192 on H100 / A100 / H200, 16384 on B200."""
+    return 16384 if gpu == "b200" else 8192
 
 
-def decode_graph_sizes(tp: int) -> list[int]:
-    """`server_args.py`: the default CUDA-graph batch sizes (max 256 at TP < 4, else 512)."""
-    top = 256 if tp < 4 else 512
+def decode_graph_sizes(tp: int, gpu: str) -> list[int]:
+    """`server_args.py:4179-4206`, with the default max_bs of `server_args.py:3922-3948`."""
+    top = 512 if gpu == "b200" or tp >= 4 else 256
     sizes = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, top + 1, 32)]
     sizes = [s for s in sizes if s <= top]
     return sizes if sizes[-1] == top else [*sizes, top]
 
 
-PREFILL_GRAPH_SIZES = [*range(4, 33, 4), *range(48, 257, 16)]
+def prefill_graph_sizes(max_tokens: int) -> list[int]:
+    """`server_args.py:4232-4249`: the extend-token ladder, up to `max_tokens`."""
+    sizes = [*range(4, 33, 4), *range(48, 257, 16), *range(288, 513, 32),
+             *range(576, 1025, 64), *range(1280, 4097, 256), *range(4608, max_tokens + 1, 512)]
+    return [s for s in sizes if s <= max_tokens]
 
 
 def _allreduce(st: Stage, tokens: int, tag: str) -> Op:
@@ -110,15 +126,18 @@ def _control(st: Stage) -> list[Op]:
 
 def _stage_runs(st: Stage, options: EngineOptions) -> list[Run]:
     w = st.workload
-    budget = options.max_batched_tokens or CHUNKED_PREFILL_SIZE
-    prefill_sizes = [] if options.eager else PREFILL_GRAPH_SIZES
+    budget = options.max_batched_tokens or chunked_prefill_size(options.gpu)
+    # Prefill graphs are captured up to chunked_prefill_size (2048 for MLA backends).
+    prefill_sizes = [] if options.eager else prefill_graph_sizes(
+        min(budget, 2048) if st.model.mla else budget)
     runs = []
     for chunk in prefill_chunks(w.batch, w.prompt, budget):
         tokens = pad_to(prefill_sizes, chunk.tokens)
         runs.append(run(Phase.PREFILL, _control(st) + forward(st, tokens, chunk.seqs), tokens,
                         chunk.seqs))
     if w.decode_steps:
-        tokens = w.batch if options.eager else pad_to(decode_graph_sizes(st.tp), w.batch)
+        tokens = w.batch if options.eager else pad_to(decode_graph_sizes(st.tp, options.gpu),
+                                                      w.batch)
         runs.append(run(Phase.DECODE, _control(st) + forward(st, tokens, w.batch), tokens,
                         w.batch, w.decode_steps))
     return merge(runs)

@@ -1,31 +1,39 @@
 """vLLM V1 as users run it in late 2026 (0.25-0.27): engine spec sections 3 and 10.1-10.2.
 
-Code followed: vLLM upstream main of 2026-08-03 (modal-projects/vllm @ c8109375, about
-0.27-dev) and of 2026-05-19 (local-inference-lab/vllm @ 9aaf83ef50), as the spec reads them:
+Code read: vLLM upstream main of 2026-08-03 as modal-projects/vllm @ c8109375 (about
+0.27-dev), `vllm/`:
 - model all-reduces: `layers/vocab_parallel_embedding.py` (embedding, first stage only) and
   `layers/linear.py` RowParallelLinear (o_proj, down_proj): 1 + 2*L_s of [T, h] per step;
   MoE layers reduce the experts' output once (`fused_moe/runner/moe_runner.py:
-  _maybe_reduce_final_output`), see `moe_layer_ops`;
+  _maybe_reduce_final_output`), see `moe_layer_ops`; which layers are MoE:
+  `models/deepseek_v2.py:1239-1243`, `models/llama4.py:342-345`, `models/qwen3_moe.py:387-391`
+  (`patterns.models._moe_layers`);
+- refusals: heads % tp (`models/llama.py`, MLA: `models/deepseek_v2.py:478`) and the KV-head
+  rule of `models/llama.py:147-152` (kv % tp when kv >= tp, else tp % kv);
 - transports: `patterns/transports.py` (`cuda_communicator.py`, `all_reduce_utils.py` @
-  00d618aa, `compilation/passes/fusion/allreduce_rms_fusion.py` @ 0052812d);
+  00d618aa, `compilation/passes/fusion/allreduce_rms_fusion.py` @ 0052812d); `--eager`
+  (enforce_eager) turns torch.compile off (`config/vllm.py:1193-1199`), so nothing is fused;
 - logits: `layers/logits_processor.py` all-gathers on every TP rank (`use_all_gather()` is
   True in V1), [R, V_pad/tp] -> [R, V_pad], through PyNccl since #40996 (`95ed0fea`);
   R = scheduled requests (`logits_indices = query_start_loc[1:] - 1`), partial prefills
   included;
-- batching: `config/vllm.py: _set_cudagraph_sizes` and `v1/cudagraph_dispatcher.py`: every
-  step of T <= cap tokens, decode or mixed, is padded to the next capture size
+- batching: `config/vllm.py:1782-1860` `_set_cudagraph_sizes` and `v1/cudagraph_dispatcher.py`:
+  every step of T <= cap tokens, decode or mixed, is padded to the next capture size
   (`patterns.vllm_rules.v1_capture_sizes`); prefill is always chunked at
   max_num_batched_tokens (default 8192);
 - PP: `distributed/parallel_state.py: isend_tensor_dict / irecv_tensor_dict`: hidden_states
   and residual sliced to [T*h/tp] when tp divides them, then a TP all-gather after the recv;
   layer split `distributed/utils.py: get_pp_indices`;
-- per-step PP broadcasts from the last stage: Model Runner V2 (`v1/worker/gpu/pp_utils.py`,
-  `PPHandler`; default for dense models since #44443 `a2f71300`, and for DeepseekV2 / Qwen2Moe
-  architectures, `config/vllm.py: _is_default_v2_model_runner_model`) sends 2 on its own NCCL
-  group `pp_broadcast`: sampled tokens [R, 1] int64 and [2, R] int32; Model Runner V1 with
-  async scheduling sends sampled ids [R, 1] int32 on the PP group
-  (`v1/worker/gpu_model_runner.py: _pp_broadcast_prev_sampled_token_ids`), skipped when no
-  request samples.
+- per-step broadcasts of sampled tokens from the last PP stage, at the end of the step on
+  every stage. Model Runner V2 (`v1/worker/gpu/pp_utils.py:35-50, 126-197`, `PPHandler`;
+  `v1/worker/gpu/model_runner.py:1497-1531`): 2 broadcasts on its own NCCL group
+  `pp_broadcast`, sampled tokens [R, 1] int64 and (num_sampled, num_rejected) [2, R] int32,
+  skipped when no request produces a sample that a later step needs (non-final prefill
+  chunks, and a request's last step: so the last decode step has none). V2 is the default
+  for dense models and the MoE architectures of `config/vllm.py:69-79`
+  (`_is_default_v2_model_runner_model`, #44443 `a2f71300`). Model Runner V1 with async
+  scheduling (`v1/worker/gpu_model_runner.py:4582-4590, 4822-4837`): sampled ids [R, 1]
+  int32 on the PP group, skipped when every request is a partial prefill.
 """
 
 from dataclasses import replace
@@ -66,8 +74,9 @@ INFO = EngineInfo(
     ),
 )
 
-# Architectures vLLM runs on Model Runner V2 by default (engine spec 10.1).
-_V2_MOE_MODEL_TYPES = frozenset({"deepseek_v2", "deepseek_v3", "qwen2_moe"})
+# The model_type of the MoE architectures in DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES
+# (config/vllm.py:69-79): DeepseekV2, Qwen2Moe, GraniteMoe; DeepseekV3 is not among them.
+_V2_MOE_MODEL_TYPES = frozenset({"deepseek_v2", "qwen2_moe", "granitemoe"})
 
 
 def default_model_runner(model: ModelConfig) -> str:
@@ -76,7 +85,9 @@ def default_model_runner(model: ModelConfig) -> str:
 
 def _allreduce(st: Stage, tokens: int, tag: str, feeds_rmsnorm: bool = True) -> Op:
     nbytes = tokens * st.h * dtype_bytes(st.dtype)
-    transport = vllm_allreduce(nbytes, st.tp, st.options.gpu, st.dtype, feeds_rmsnorm,
+    # enforce_eager turns torch.compile off, and with it the fusion pass.
+    fusable = feeds_rmsnorm and not st.options.eager
+    transport = vllm_allreduce(nbytes, st.tp, st.options.gpu, st.dtype, fusable,
                                st.options.nccl_only)
     return st.tp_op(OpKind.ALLREDUCE, (tokens, st.h), (tokens, st.h), tag, transport)
 
@@ -136,16 +147,22 @@ def forward(st: Stage, tokens: int, rows: int, vocab_multiple: int = 64) -> list
     return ops
 
 
-def pp_broadcasts(st: Stage, rows: int, sampled: bool, runner: str) -> list[Op]:
-    """The per-step broadcasts of sampled tokens from the last stage (pp > 1 only)."""
+def pp_broadcasts(st: Stage, rows: int, sampled: bool, needed: bool, runner: str) -> list[Op]:
+    """The per-step broadcasts of sampled tokens from the last stage (pp > 1 only).
+
+    `sampled`: some request finishes its prompt or decodes in this step; `needed`: one of
+    those has a later step (Model Runner V2 skips the broadcast otherwise).
+    """
     if st.pp == 1:
         return []
     root = st.pp - 1
     if runner == "v2":
+        if not (sampled and needed):
+            return []
         return [Op(OpKind.BROADCAST, "pp_broadcast", st.pp, shape, shape, dtype,
                    f"pp_broadcast.{name}", root=root)
                 for name, shape, dtype in (("sampled_tokens", (rows, 1), "int64"),
-                                           ("num_sampled", (2, rows), "int32"))]
+                                           ("num_sampled_rejected", (2, rows), "int32"))]
     if not sampled:
         return []
     return [Op(OpKind.BROADCAST, "pp", st.pp, (rows, 1), (rows, 1), "int32",
@@ -160,14 +177,36 @@ def _stage_runs(st: Stage, options: EngineOptions, runner: str) -> list[Run]:
     runs = []
     for chunk in prefill_chunks(w.batch, w.prompt, budget):
         tokens = pad_to(sizes, chunk.tokens)
-        ops = forward(st, tokens, chunk.seqs) + pp_broadcasts(st, chunk.seqs, chunk.rows > 0,
-                                                               runner)
+        # A prompt's first token is needed later only if it has decode steps.
+        ops = forward(st, tokens, chunk.seqs) + pp_broadcasts(
+            st, chunk.seqs, chunk.rows > 0, w.decode_steps > 0, runner)
         runs.append(run(Phase.PREFILL, ops, tokens, chunk.seqs))
     if w.decode_steps:
         tokens = pad_to(sizes, w.batch)
-        ops = forward(st, tokens, w.batch) + pp_broadcasts(st, w.batch, True, runner)
-        runs.append(run(Phase.DECODE, ops, tokens, w.batch, w.decode_steps))
-    return merge(runs)
+        model_ops = forward(st, tokens, w.batch)
+        # Decode step k (1..Sd-1) samples token k+1; a later step needs it while k < Sd-1.
+        runs.append(run(Phase.DECODE, model_ops + pp_broadcasts(st, w.batch, True, True,
+                                                                runner),
+                        tokens, w.batch, w.decode_steps - 1))
+        runs.append(run(Phase.DECODE, model_ops + pp_broadcasts(st, w.batch, True, False,
+                                                                runner),
+                        tokens, w.batch, 1))
+    return merge([r for r in runs if r.repeat])
+
+
+def _kv_splits(kv: int, tp: int) -> bool:
+    """`models/llama.py:147-152`: KV heads split evenly, or each replicated evenly."""
+    return kv % tp == 0 if kv >= tp else tp % kv == 0
+
+
+def _check_kv_heads(model: ModelConfig, tp: int) -> None:
+    kv, heads = model.num_key_value_heads, model.num_attention_heads
+    if model.mla or _kv_splits(kv, tp):
+        return
+    allowed = [t for t in range(1, heads + 1) if heads % t == 0 and _kv_splits(kv, t)]
+    raise ConfigError(f"tp({tp}) does not split num_key_value_heads({kv}) of {model.name}: "
+                      "vLLM needs kv % tp == 0 when kv >= tp, else tp % kv == 0; use tp in "
+                      f"{', '.join(map(str, allowed))}")
 
 
 @register(INFO)
@@ -177,6 +216,7 @@ def vllm_v1(model: ModelConfig, layout: Layout, workload: Workload,
     if workload.batch > max_seqs:
         raise ConfigError(f"batch({workload.batch}) exceeds max-num-seqs({max_seqs}): vLLM "
                           "would not run it as one batch; use batch <= max-num-seqs")
+    _check_kv_heads(model, layout.tp)
     runner = options.model_runner or default_model_runner(model)
     options = replace(options, model_runner=runner)
     counts = stage_layer_counts(model.num_hidden_layers, layout.pp)
