@@ -37,8 +37,9 @@ def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True
                        help="GPU the engine runs on; sets which transport carries each call "
                             "(default h100)")
     group.add_argument("--nccl-only", action="store_true",
-                       help="custom all-reduce and all-reduce fusions off: every device call "
-                            "on NCCL (the seeds' setting)")
+                       help="custom all-reduce, symmetric memory and all-reduce fusions off: "
+                            "every device call on NCCL (the seeds' setting; for vLLM "
+                            "--disable-custom-all-reduce -O0 and VLLM_ALLREDUCE_USE_SYMM_MEM=0)")
     group.add_argument("--model-runner", choices=MODEL_RUNNERS, default=None,
                        help="vllm: Model Runner v1 or v2 (default: vLLM's for the model, v2 "
                             "for dense models)")

@@ -8,8 +8,9 @@ all-reduce after proj and FC2; with `sequence_parallel` a reduce-scatter [s, b, 
 [s/tp, b, h] instead, and ColumnParallelLinear all-gathers [s/tp, b, h] -> [s, b, h] before
 QKV and FC1, plus one before the output layer; the output layer's `gather_output`
 all-gathers the logits [s, b, V_pad/tp] -> [s, b, V_pad] over all s positions in prefill),
-`training/tokenizer: _vocab_size_with_padding` (V padded to a multiple of
-make_vocab_size_divisible_by (128) * tp).
+`megatron/training/tokenizer/tokenizer.py: _vocab_size_with_padding` (V padded to a multiple
+of make_vocab_size_divisible_by (default 128) * tensor_model_parallel_size). Static batching
+captures no CUDA graphs: a batch of 10 or 260 runs as 10 or 260.
 
 Shapes are Megatron's [s, b, h]; T = s * b. Sequence parallelism scatters s, so every step's
 s must be divisible by tp: decode steps (s = 1) refuse it at tp > 1.

@@ -8,6 +8,17 @@ an all-reduce of [T, h]; the LM head is COLUMN with gather_output: an all-gather
 [S, ceil(V/tp)] -> [S, tp*ceil(V/tp)] on every rank), `_torch/models/modeling_utils.py`
 (`pp_recv_tensors` / `pp_send_tensors` of [hidden_states, residual]: 2 whole [T, h] tensors
 per boundary, no TP slicing and no all-gather after the recv).
+
+Batching: `tensorrt_llm/llmapi/llm_args.py` (`BaseCudaGraphConfig`, NVIDIA/TensorRT-LLM @
+fcd3f316): `enable_padding` defaults to False, and without padding the captured decode batch
+sizes are 1..31, 32, 64, 128 (max_batch_size 128): a batch of 10 replays the graph of 10, a
+batch of 260 runs eagerly, so T = B either way. Prefill runs without graphs, unchunked unless
+`--max-batched-tokens` is given.
+
+Transports: TRT-LLM's AllReduce strategy AUTO chooses between NCCL and its own one-/two-shot
+IPC kernels (with the residual + RMSNorm fusion) in C++ (`cpp/tensorrt_llm/thop/
+allreduceOp.cpp`), which was not read: every call is labelled `nccl`, and `infercomm engines`
+says so.
 """
 
 from patterns.engines import EngineInfo, register
@@ -27,7 +38,7 @@ INFO = EngineInfo(
     options=("max_batched_tokens",),
     not_modelled=(
         "AllReduce strategy AUTO (NCCL or one-/two-shot IPC kernels): every call is NCCL",
-        "CUDA-graph padding (batch sizes are taken as run unpadded)",
+        "CUDA-graph padding when enable_padding is set (off by default)",
         "attention DP and expert parallelism (its own issue); MoE experts replicated over TP",
         "the layer split of pipeline stages is taken as vLLM's get_pp_indices",
     ),
