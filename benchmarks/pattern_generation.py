@@ -1,6 +1,6 @@
 """Pattern generation time: flat in the output length Sd, and well under a second at scale.
 
-    python benchmarks/pattern_generation.py
+    python benchmarks/pattern_generation.py [ENGINE]     (default: the CLI's default engine)
 
 Prints the median generation time per Sd and the ratio of the longest to the shortest, then
 the time of the issue's large case, and as its last line one JSON object with the figures.
@@ -9,9 +9,13 @@ the time of the issue's large case, and as its last line one JSON object with th
 import json
 import platform
 import statistics
+import sys
 import time
 
 from patterns import Layout, Workload, generate, pattern_rows, resolve_model, volume_bytes
+from patterns.engines import DEFAULT_ENGINE
+
+ENGINE = sys.argv[1] if len(sys.argv) > 1 else DEFAULT_ENGINE
 
 
 def median_seconds(fn, repeat: int = 7) -> float:
@@ -25,7 +29,7 @@ def median_seconds(fn, repeat: int = 7) -> float:
 
 def full_pattern(model: str, tp: int, pp: int, prompt: int, decode: int, batch: int) -> None:
     """What `infercomm pattern` does: generate, aggregate rows, compute the volume."""
-    pattern = generate("vllm-v0", resolve_model(model), Layout(tp=tp, pp=pp),
+    pattern = generate(ENGINE, resolve_model(model), Layout(tp=tp, pp=pp),
                        Workload(prompt, decode, batch))
     pattern_rows(pattern)
     volume_bytes(pattern)
@@ -34,7 +38,8 @@ def full_pattern(model: str, tp: int, pp: int, prompt: int, decode: int, batch: 
 def main() -> None:
     print(f"machine: {platform.node()} {platform.processor() or platform.machine()}, "
           f"Python {platform.python_version()}")
-    print("llama-3.1-70b tp=4 pp=2 batch=8 prompt=512: generate + rows + volume")
+    print(f"engine {ENGINE}; llama-3.1-70b tp=4 pp=2 batch=8 prompt=512: generate + rows + "
+          "volume")
     times = {}
     for decode in (2, 128, 2048, 65_536, 1_048_576):
         times[decode] = median_seconds(lambda d=decode: full_pattern(
@@ -44,7 +49,7 @@ def main() -> None:
     print(f"  Sd=1,048,576 vs Sd=2: {ratio:.2f}x (flat means about 1)")
     big = median_seconds(lambda: full_pattern("llama-3.1-405b", 8, 2, 2480, 2048, 16))
     print(f"llama-3.1-405b tp=8 pp=2 batch=16 prompt=2480 decode=2048: {big * 1e3:.2f} ms")
-    print(json.dumps({"seconds_by_decode": {str(k): v for k, v in times.items()},
+    print(json.dumps({"engine": ENGINE, "seconds_by_decode": {str(k): v for k, v in times.items()},
                       "flat_ratio": ratio, "llama_405b_tp8_pp2_seconds": big}))
 
 

@@ -339,3 +339,50 @@ def test_deepseek_v3_all_reduces_per_step():
     # (config/vllm.py:69-79): Model Runner V1.
     assert p.options.model_runner == "v1"
     assert prod(step.ops[-1].out_shape) == 129280
+
+
+# --- Every profile at TP2, TP4, PP2, TP2xPP2 on both models: calls per stage and step ------
+# Counts by op kind for one rank of each stage, prefill step then decode step (prompt 100,
+# decode 3, batch 1; L = 32 or 36; at PP2 each stage holds L/2 layers of 2 all-reduces, so
+# stage 0 issues 1 + 2*(L/2) = 1 + L and stage 1 issues L):
+#   sglang  TPn: allreduce 1 + 2L, allgather 1 (logits)
+#           PP2: stage 0 send 2 + recv 1 (sampled ids back from the last stage),
+#                stage 1 recv 2 + send 1
+#           TP2xPP2: stage 0 allreduce 1 + L, send 2, recv 1;
+#                    stage 1 recv 2, allgather 2 (PP) + 1 (logits), allreduce L, send 1
+#   trtllm  TPn: allreduce 1 + 2L, allgather 1; PP2: send 2 / recv 2 (whole [T, h]);
+#           TP2xPP2: stage 0 allreduce 1 + L, send 2; stage 1 recv 2, allreduce L,
+#                    allgather 1
+#   megatron TPn: allreduce 1 + 2L, allgather 1; PP2: send 1 / recv 1;
+#           TP2xPP2: stage 0 allreduce 1 + L, send 1; stage 1 recv 1, allreduce L,
+#                    allgather 1
+def expected_counts(engine, layers, tp, pp):
+    if pp == 1:
+        return [{"allreduce": 1 + 2 * layers, "allgather": 1}]
+    if engine == "sglang":
+        if tp == 1:
+            return [{"send": 2, "recv": 1}, {"recv": 2, "send": 1}]
+        return [{"allreduce": 1 + layers, "send": 2, "recv": 1},
+                {"recv": 2, "allgather": 3, "allreduce": layers, "send": 1}]
+    sends = 2 if engine == "trtllm" else 1
+    if tp == 1:
+        return [{"send": sends}, {"recv": sends}]
+    return [{"allreduce": 1 + layers, "send": sends},
+            {"recv": sends, "allreduce": layers, "allgather": 1}]
+
+
+@pytest.mark.parametrize("engine", ["sglang", "trtllm", "megatron"])
+@pytest.mark.parametrize("tp, pp", [(2, 1), (4, 1), (1, 2), (2, 2)])
+@pytest.mark.parametrize("model", MODELS)
+def test_profile_matrix(engine, tp, pp, model):
+    layers, _ = MODELS[model]
+    p = steps(engine, model, tp=tp, pp=pp)
+    for stage, expected in enumerate(expected_counts(engine, layers, tp, pp)):
+        for phase in ("prefill", "decode"):
+            step = next(r.step for r in p.stages[stage] if r.phase == phase)
+            got = Counter(op.kind.value for op in step.ops)
+            assert got == expected, (stage, phase)
+            # T: sglang pads 100 -> 112 and decodes at 1; the others run 100 and 1.
+            tokens = {("sglang", "prefill"): 112}.get((engine, phase),
+                                                      100 if phase == "prefill" else 1)
+            assert step.tokens == tokens

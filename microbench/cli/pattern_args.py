@@ -4,6 +4,7 @@ import argparse
 
 from microbench.argtypes import positive_int
 from patterns import ENGINES, EngineOptions, Layout, Pattern, Workload, generate, resolve_model
+from patterns.engines import DEFAULT_ENGINE
 from patterns.pattern import GPUS, MODEL_RUNNERS
 
 
@@ -20,9 +21,9 @@ def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True
                             "prefill samples (Sd-1 decode steps)")
     group.add_argument("--batch", type=positive_int, default=1,
                        help="requests in the batch B (default 1)")
-    group.add_argument("--engine", default="vllm",
-                       help=f"engine profile: {', '.join(sorted(ENGINES))} (default vllm, "
-                            "vLLM V1; see `infercomm engines`)")
+    group.add_argument("--engine", default=DEFAULT_ENGINE,
+                       help=f"engine profile: {', '.join(sorted(ENGINES))} (default "
+                            f"{DEFAULT_ENGINE}; see `infercomm engines`)")
     group.add_argument("--dtype", default=None,
                        help="bf16, fp16 or fp32 (default: the model's torch_dtype)")
     group.add_argument("--eager", action="store_true",

@@ -35,6 +35,9 @@ class EngineInfo:
     not_modelled: tuple[str, ...]  # what the engine does that the profile leaves out
 
 
+# The engine `--engine` means when not given: vLLM V1, what users run (vLLM removed V0).
+DEFAULT_ENGINE = "vllm"
+
 ENGINES: dict[str, Profile] = {}
 ENGINE_INFO: dict[str, EngineInfo] = {}
 
