@@ -155,6 +155,11 @@ def test_graph_padding_at_batch_10_and_260():
     # sglang (server_args.py:4179-4206, max_bs 256 at TP < 4, 512 at TP >= 4 on H100,
     # :3922-3931): 10 -> 12; 260 runs unpadded at TP2 and as 272 at TP4.
     assert decode_tokens("sglang", 10) == (12, (12, 4096))
+    # SGLang's decode graph also computes the logits of the padded rows, sliced afterwards
+    # (model_executor/runner/decode_cuda_graph_runner.py:1265-1283): all-gather [12, V/2].
+    p = steps("sglang", "llama-3.1-8b", tp=2, prompt=16, decode=2, batch=10)
+    decode = next(r.step for r in p.stages[0] if r.phase == "decode")
+    assert (decode.ops[-1].shape, decode.rows) == ((12, 64128), 10)
     assert decode_tokens("sglang", 260) == (260, (260, 4096))
     assert decode_tokens("sglang", 260, tp=4) == (272, (272, 4096))
     # trtllm (llm_args.py BaseCudaGraphConfig @ fcd3f316: enable_padding False; graphs of
@@ -386,3 +391,16 @@ def test_profile_matrix(engine, tp, pp, model):
             tokens = {("sglang", "prefill"): 112}.get((engine, phase),
                                                       100 if phase == "prefill" else 1)
             assert step.tokens == tokens
+
+
+def test_vllm_a100_defaults():
+    # vllm engine/arg_utils.py:2529-2551 @ c8109375: A100s take max_num_batched_tokens 2048
+    # and max_num_seqs 256. A 3000-token prompt runs as chunks of 2048 and 952; the capture
+    # cap is min(2*256, 512, 2048) = 512, so 952 runs unpadded.
+    p = steps("vllm", "llama-3.1-8b", tp=2, prompt=3000, gpu="a100")
+    assert [r.step.tokens for r in p.stages[0] if r.phase == "prefill"] == [2048, 952]
+    with pytest.raises(ConfigError, match=r"batch\(260\) exceeds max-num-seqs\(256\)"):
+        steps("vllm", "llama-3.1-8b", tp=2, batch=260, gpu="a100")
+    # H100: one 3000-token step (under 8192), above the cap of 512: unpadded.
+    p = steps("vllm", "llama-3.1-8b", tp=2, prompt=3000)
+    assert [r.step.tokens for r in p.stages[0] if r.phase == "prefill"] == [3000]

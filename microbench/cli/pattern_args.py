@@ -29,8 +29,9 @@ def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True
     group.add_argument("--eager", action="store_true",
                        help="no CUDA graphs: batches are not padded to capture sizes")
     group.add_argument("--max-batched-tokens", type=positive_int, default=None,
-                       help="chunked prefill: at most N tokens per prefill step (vllm and "
-                            "sglang default 8192; vllm-v0 and trtllm: no chunking)")
+                       help="chunked prefill: at most N tokens per prefill step (default: "
+                            "vllm 8192, 2048 on a100; sglang 8192, 16384 on b200; vllm-v0 and "
+                            "trtllm: no chunking)")
     group.add_argument("--control-plane", action="store_true",
                        help="add the per-step control broadcasts: V0's model inputs, "
                             "SGLang's gloo broadcast_pyobj (off by default)")
@@ -45,7 +46,8 @@ def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True
                        help="vllm: Model Runner v1 or v2 (default: vLLM's for the model, v2 "
                             "for dense models)")
     group.add_argument("--max-num-seqs", type=positive_int, default=None,
-                       help="vllm: max_num_seqs (default 1024); sets the CUDA-graph sizes")
+                       help="vllm: max_num_seqs (default 1024, 256 on a100); sets the "
+                            "CUDA-graph sizes")
     group.add_argument("--sp", action="store_true",
                        help="megatron: sequence parallelism (each all-reduce becomes a "
                             "reduce-scatter and an all-gather)")

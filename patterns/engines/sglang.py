@@ -8,7 +8,10 @@ Code read: modal-projects/sglang @ 8905cbd4 (upstream main of 2026-07-20, about 
   [S, V_pad] (`DEFAULT_VOCAB_PADDING_SIZE = 64`), through `MultimemAllGatherer` (Triton
   multimem, `triton_symm_mem_ag.py:489-510`) for bf16 2-D inputs of at most
   `recommended_max_tokens(floor=128)` rows (128 unless --max-running-requests is set), NCCL
-  otherwise; S = the last token of each extend sequence, or B in decode;
+  otherwise; S = the last token of each extend sequence, chunked ones included
+  (`logits_processor.py:517-518`), or B in decode, padded like the batch: the decode graph
+  computes the logits of all its rows and slices them afterwards
+  (`model_executor/runner/decode_cuda_graph_runner.py:1265-1283`);
 - `server_args.py:4179-4206` `_generate_decode_cuda_graph_batch_sizes`: [1, 2, 4, 8, 12] +
   range(16, 257, 8) + range(272, 512, 16) + range(512, max_bs + 1, 32), cut at max_bs and
   max_bs appended; `server_args.py:3922-3948`: max_bs 256 at TP < 4 and 512 at TP >= 4 on
@@ -138,7 +141,8 @@ def _stage_runs(st: Stage, options: EngineOptions) -> list[Run]:
     if w.decode_steps:
         tokens = w.batch if options.eager else pad_to(decode_graph_sizes(st.tp, options.gpu),
                                                       w.batch)
-        runs.append(run(Phase.DECODE, _control(st) + forward(st, tokens, w.batch), tokens,
+        # Under the graph the logits (and their all-gather) cover every padded row.
+        runs.append(run(Phase.DECODE, _control(st) + forward(st, tokens, tokens), tokens,
                         w.batch, w.decode_steps))
     return merge(runs)
 

@@ -20,7 +20,8 @@ Code read: vLLM upstream main of 2026-08-03 as modal-projects/vllm @ c8109375 (a
 - batching: `config/vllm.py:1782-1860` `_set_cudagraph_sizes` and `v1/cudagraph_dispatcher.py`:
   every step of T <= cap tokens, decode or mixed, is padded to the next capture size
   (`patterns.vllm_rules.v1_capture_sizes`); prefill is always chunked at
-  max_num_batched_tokens (default 8192);
+  max_num_batched_tokens (API-server default 8192, 2048 on A100s: `engine/arg_utils.py:
+  2529-2551`, `patterns.vllm_rules.v1_defaults`);
 - PP: `distributed/parallel_state.py: isend_tensor_dict / irecv_tensor_dict`: hidden_states
   and residual sliced to [T*h/tp] when tp divides them, then a TP all-gather after the recv;
   layer split `distributed/utils.py: get_pp_indices`;
@@ -48,12 +49,11 @@ from patterns.ops import Op, OpKind, Phase
 from patterns.pattern import EngineOptions, Pattern, Run
 from patterns.transports import vllm_allreduce
 from patterns.vllm_rules import (
-    V1_MAX_BATCHED_TOKENS,
-    V1_MAX_NUM_SEQS,
     padded_vocab,
     prefill_chunks,
     stage_layer_counts,
     v1_capture_sizes,
+    v1_defaults,
 )
 
 INFO = EngineInfo(
@@ -171,8 +171,9 @@ def pp_broadcasts(st: Stage, rows: int, sampled: bool, needed: bool, runner: str
 
 def _stage_runs(st: Stage, options: EngineOptions, runner: str) -> list[Run]:
     w = st.workload
-    max_seqs = options.max_num_seqs or V1_MAX_NUM_SEQS
-    budget = options.max_batched_tokens or V1_MAX_BATCHED_TOKENS
+    default_seqs, default_budget = v1_defaults(options.gpu)
+    max_seqs = options.max_num_seqs or default_seqs
+    budget = options.max_batched_tokens or default_budget
     sizes = [] if options.eager else v1_capture_sizes(max_seqs, budget)
     runs = []
     for chunk in prefill_chunks(w.batch, w.prompt, budget):
@@ -212,7 +213,7 @@ def _check_kv_heads(model: ModelConfig, tp: int) -> None:
 @register(INFO)
 def vllm_v1(model: ModelConfig, layout: Layout, workload: Workload,
             options: EngineOptions) -> Pattern:
-    max_seqs = options.max_num_seqs or V1_MAX_NUM_SEQS
+    max_seqs = options.max_num_seqs or v1_defaults(options.gpu)[0]
     if workload.batch > max_seqs:
         raise ConfigError(f"batch({workload.batch}) exceeds max-num-seqs({max_seqs}): vLLM "
                           "would not run it as one batch; use batch <= max-num-seqs")
