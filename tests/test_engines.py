@@ -160,6 +160,11 @@ def test_graph_padding_at_batch_10_and_260():
     p = steps("sglang", "llama-3.1-8b", tp=2, prompt=16, decode=2, batch=10)
     decode = next(r.step for r in p.stages[0] if r.phase == "decode")
     assert (decode.ops[-1].shape, decode.rows) == ((12, 64128), 10)
+    # ... but samples the 10 real rows: with PP the last stage sends back [10] ids.
+    p = steps("sglang", "llama-3.1-8b", tp=2, pp=2, prompt=16, decode=2, batch=10)
+    decode = next(r.step for r in p.stages[1] if r.phase == "decode")
+    assert [(op.tag, op.shape) for op in decode.ops[-2:]] == [("logits", (12, 64128)),
+                                                               ("pp.next_token_ids", (10,))]
     assert decode_tokens("sglang", 260) == (260, (260, 4096))
     assert decode_tokens("sglang", 260, tp=4) == (272, (272, 4096))
     # trtllm (llm_args.py BaseCudaGraphConfig @ fcd3f316: enable_padding False; graphs of

@@ -85,7 +85,10 @@ def moe_layer_ops(st: Stage, layer: int, tokens: int) -> list[Op]:
     return [_allreduce(st, tokens, f"layers.{layer}.{mlp_module(st.model, layer)}")]
 
 
-def forward(st: Stage, tokens: int, rows: int) -> list[Op]:
+def forward(st: Stage, tokens: int, rows: int, logit_rows: int | None = None) -> list[Op]:
+    """One forward pass of T = `tokens`, sampling `rows` requests; the logits cover
+    `logit_rows` rows (the padded batch under a decode graph, else `rows`)."""
+    logit_rows = rows if logit_rows is None else logit_rows
     ops: list[Op] = []
     shape, gathered = pp_slice(st, tokens)
     keys = ("hidden_states", "residual")
@@ -106,10 +109,10 @@ def forward(st: Stage, tokens: int, rows: int) -> list[Op]:
         ops += [st.p2p(OpKind.SEND, shape, f"pp.{key}", peer=st.index + 1) for key in keys]
     elif st.tp > 1:
         shard = padded_vocab(st.model.vocab_size) // st.tp
-        transport = sglang_logits_allgather(rows, st.dtype, st.options.gpu,
+        transport = sglang_logits_allgather(logit_rows, st.dtype, st.options.gpu,
                                             st.options.nccl_only)
-        ops.append(st.tp_op(OpKind.ALLGATHER, (rows, shard), (rows, shard * st.tp), "logits",
-                            transport))
+        ops.append(st.tp_op(OpKind.ALLGATHER, (logit_rows, shard), (logit_rows, shard * st.tp),
+                            "logits", transport))
     # The last stage hands the sampled ids back to the first (scheduler_pp_mixin).
     if st.pp > 1 and rows and st.is_last:
         ops.append(st.p2p(OpKind.SEND, (rows,), "pp.next_token_ids", peer=0, dtype="int64"))
@@ -142,8 +145,8 @@ def _stage_runs(st: Stage, options: EngineOptions) -> list[Run]:
         tokens = w.batch if options.eager else pad_to(decode_graph_sizes(st.tp, options.gpu),
                                                       w.batch)
         # Under the graph the logits (and their all-gather) cover every padded row.
-        runs.append(run(Phase.DECODE, _control(st) + forward(st, tokens, tokens), tokens,
-                        w.batch, w.decode_steps))
+        runs.append(run(Phase.DECODE, _control(st) + forward(st, tokens, w.batch, tokens),
+                        tokens, w.batch, w.decode_steps))
     return merge(runs)
 
 
