@@ -6,21 +6,27 @@
 What `infercomm pattern` does (generate, aggregate rows, compute the volume) for
 llama-3.1-70b tp=4 pp=2 batch=8 prompt=512 at Sd from 2 to 1,048,576, and the large case
 llama-3.1-405b tp=8 pp=2 batch=16 prompt=2480 decode=2048. After the table: Sd=1,048,576 / Sd=2
-(flat means about 1).
+(flat means about 1). The engine is the CLI's default; `BENCH_ENGINE=sglang make bench` picks
+another.
 """
+
+import os
 
 import pytest
 
 from benchmarks.conftest import RATIOS, record
 from patterns import Layout, Workload, generate, pattern_rows, resolve_model, volume_bytes
+from patterns.engines import DEFAULT_ENGINE
 
-GROUP = "pattern generation"
+ENGINE = os.environ.get("BENCH_ENGINE", DEFAULT_ENGINE)
+
+GROUP = f"pattern generation ({ENGINE})"
 DECODES = (2, 128, 2048, 65_536, 1_048_576)
 RATIOS[GROUP] = (f"Sd={DECODES[-1]}", f"Sd={DECODES[0]}", "flat in Sd means about 1")
 
 
 def full_pattern(model: str, tp: int, pp: int, prompt: int, decode: int, batch: int) -> None:
-    pattern = generate("vllm-v0", resolve_model(model), Layout(tp=tp, pp=pp),
+    pattern = generate(ENGINE, resolve_model(model), Layout(tp=tp, pp=pp),
                        Workload(prompt, decode, batch))
     pattern_rows(pattern)
     volume_bytes(pattern)

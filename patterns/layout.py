@@ -32,8 +32,10 @@ class Layout:
         heads = model.num_attention_heads
         if heads % self.tp:
             allowed = ", ".join(map(str, _divisors(heads)))
+            # MLA attention asserts the same (vLLM models/deepseek_v2.py:478).
+            mla = " (MLA attention splits its heads over TP too)" if model.mla else ""
             raise ConfigError(f"tp({self.tp}) does not divide num_attention_heads({heads}) of "
-                              f"{model.name}; use tp in {allowed}")
+                              f"{model.name}{mla}; use tp in {allowed}")
         layers = model.num_hidden_layers
         if self.pp > layers:
             raise ConfigError(f"pp({self.pp}) exceeds num_hidden_layers({layers}) of "

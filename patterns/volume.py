@@ -28,17 +28,16 @@ def op_volume(op: Op) -> Fraction:
     raise ValueError(f"no volume rule for {op.kind}")
 
 
-def _calls_in_deployment(op: Op, ranks_in_stage: int) -> int:
+def _calls_in_deployment(op: Op, ranks_in_stage: int) -> Fraction:
     """How many distinct calls the ranks of one stage make when each issues `op` once.
 
-    A point-to-point call is each rank's own; a collective of a group inside the stage (TP)
-    is one call per group.
+    A point-to-point call is each rank's own; a collective is one call per group, and each
+    rank issues 1/group_size of it. A group that spans stages (pp, pp_broadcast) is thus
+    counted a share from each of its stages, which adds up to one call per group.
     """
     if op.kind in (OpKind.SEND, OpKind.RECV):
-        return ranks_in_stage
-    if op.group == "tp":
-        return ranks_in_stage // op.group_size
-    raise ValueError(f"no volume rule for a {op.kind} over group {op.group!r} yet")
+        return Fraction(ranks_in_stage)
+    return Fraction(ranks_in_stage, op.group_size)
 
 
 def volume_bytes(pattern: Pattern) -> dict[str, Fraction]:

@@ -217,3 +217,22 @@ def test_bad_compare_input(cli, tmp_path):
     assert status == 2 and "is not a run folder" in err
     status, _, err = cli("compare", str(GLOO_SWEEP), str(MPI_SWEEP), "--threshold", "-1")
     assert status == 2 and "--threshold -1.0 must be zero or more" in err
+
+
+def test_runs_from_before_the_engine_options_compare_with_new_ones(cli, tmp_path):
+    # The committed samples recorded the engine as {name, eager, max_batched_tokens,
+    # control_plane}; a run made now also records gpu, nccl_only, model_runner, sp and
+    # max_num_seqs. At their defaults they are the same engine; a changed one is not.
+    newer = tmp_path / "newer"
+    shutil.copytree(MPI_REPLAY, newer)
+    meta = json.loads((newer / "meta.json").read_text())
+    assert "gpu" not in meta["pattern"]["engine"]
+    meta["pattern"]["engine"].update(gpu="h100", nccl_only=False, model_runner=None, sp=False,
+                                     max_num_seqs=None)
+    (newer / "meta.json").write_text(json.dumps(meta))
+    status, _, err = cli("compare", str(MPI_REPLAY), str(newer))
+    assert status == 0, err
+    meta["pattern"]["engine"]["gpu"] = "b200"
+    (newer / "meta.json").write_text(json.dumps(meta))
+    status, _, err = cli("compare", str(MPI_REPLAY), str(newer))
+    assert status == 2 and err.strip().endswith("engine.gpu differs: h100 in A, b200 in B")

@@ -21,13 +21,14 @@ each the slowest rank's, so iterations are the resampling unit.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
 from microbench.argtypes import UsageError
 from microbench.results.runs import RunFolder, replay_samples, sweep_key_name, sweep_samples
+from patterns import EngineOptions
 
 RESAMPLES = 2000
 SEED = 0
@@ -145,8 +146,8 @@ def mismatch(a: RunFolder, b: RunFolder) -> str | None:
         return f"kind differs: {a.kind} in A, {b.kind} in B"
     if a.kind == "replay":
         for field in ("model", "layout", "workload", "engine"):
-            found = _first_difference(_identity(a.meta["pattern"].get(field)),
-                                      _identity(b.meta["pattern"].get(field)), field)
+            found = _first_difference(_identity(field, a.meta["pattern"].get(field)),
+                                      _identity(field, b.meta["pattern"].get(field)), field)
             if found:
                 return found
         return None
@@ -161,7 +162,11 @@ def mismatch(a: RunFolder, b: RunFolder) -> str | None:
     return None
 
 
-def _identity(section: Any) -> Any:
+def _identity(field: str, section: Any) -> Any:
+    # Runs made before an engine option existed recorded no value for it: they ran with its
+    # default (e.g. gpu, nccl_only, added with the engines of issue 10).
+    if field == "engine" and isinstance(section, dict):
+        section = {**asdict(EngineOptions()), **section}
     # A model's `source` is where its config was read from, not what it is.
     if isinstance(section, dict):
         return {k: v for k, v in section.items() if k != "source"}

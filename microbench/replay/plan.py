@@ -61,7 +61,11 @@ class Plan:
 
 
 def make_groups(pattern: Pattern, backend: Backend) -> dict[str, Group]:
-    """This rank's TP and PP groups (created on every rank for every stage / TP index)."""
+    """This rank's TP and PP groups (created on every rank for every stage / TP index).
+
+    `pp_broadcast` (vLLM Model Runner V2's own NCCL group for its per-step broadcasts) has
+    the ranks of `pp`; it gets its own communicators, as in the engine, only when used.
+    """
     layout = pattern.layout
     stage, tp_rank = layout.stage_of(backend.rank), layout.tp_rank_of(backend.rank)
     mine: dict[str, Group] = {}
@@ -75,6 +79,13 @@ def make_groups(pattern: Pattern, backend: Backend) -> dict[str, Group]:
             group = backend.new_group(f"pp{t}", [layout.rank_of(s, t) for s in range(layout.pp)])
             if t == tp_rank:
                 mine["pp"] = group
+        used = {op.group for runs in pattern.stages for run in runs for op in run.step.ops}
+        if "pp_broadcast" in used:
+            for t in range(layout.tp):
+                group = backend.new_group(f"pp_broadcast{t}",
+                                          [layout.rank_of(s, t) for s in range(layout.pp)])
+                if t == tp_rank:
+                    mine["pp_broadcast"] = group
     return mine
 
 

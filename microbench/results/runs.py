@@ -152,7 +152,12 @@ def run_pattern(run: RunFolder) -> Pattern | None:
 
     parser = OneLineParser(prog="infercomm", add_help=False, allow_abbrev=False)
     add_pattern_arguments(parser, required=False)
-    args, _ = parser.parse_known_args(list(run.meta["argv"])[1:])
+    argv = list(run.meta["argv"])[1:]
+    args, _ = parser.parse_known_args(argv)
+    if not any(a == "--engine" or a.startswith("--engine=") for a in argv):
+        # The default engine changed (vllm-v0, then vllm): the engine that ran is recorded.
+        recorded = run.meta["pattern"].get("engine", {}).get("name")
+        args.engine = recorded if isinstance(recorded, str) else args.engine
     try:
         return pattern_from_args(args)
     except (ConfigError, TypeError, AttributeError) as err:
