@@ -230,7 +230,9 @@ def test_runs_from_before_the_engine_options_compare_with_new_ones(cli, tmp_path
     meta["pattern"]["engine"].update(gpu="h100", nccl_only=False, model_runner=None, sp=False,
                                      max_num_seqs=None)
     (newer / "meta.json").write_text(json.dumps(meta))
-    status, _, err = cli("compare", str(MPI_REPLAY), str(newer))
+    # a run against a copy of itself: some metric may be inconclusive on 5 samples, which is
+    # not what this test is about
+    status, _, err = cli("compare", "--inconclusive-ok", str(MPI_REPLAY), str(newer))
     assert status == 0, err
     meta["pattern"]["engine"]["gpu"] = "b200"
     (newer / "meta.json").write_text(json.dumps(meta))
