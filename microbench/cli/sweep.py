@@ -128,8 +128,9 @@ def cases_for(args: argparse.Namespace, pattern: Pattern | None,
         if not cases:
             raise UsageError(f"every size is smaller than one element per rank: "
                              f"{'; '.join(skipped)}")
-    if any(c.op == SweepOp.SENDRECV for c in cases) and world < 2:
-        raise UsageError("sendrecv needs at least 2 ranks; start 2 or more")
+    for p2p in (SweepOp.SENDRECV, SweepOp.STREAM):
+        if any(c.op == p2p for c in cases) and world < 2:
+            raise UsageError(f"{p2p} needs at least 2 ranks; start 2 or more")
     return cases, skipped
 
 

@@ -8,6 +8,12 @@ sendrecv follows nccl-tests' sendrecv_perf: every rank sends to rank+1 and recei
 rank-1 in a ring. The backends issue blocking calls, so even ranks send first and odd ranks
 receive first (otherwise every rank would wait in its send); one iteration is therefore the
 two transfers one after the other, where nccl-tests overlaps them in one NCCL group.
+
+stream is one way: rank 2i sends to rank 2i+1, which receives, iteration after iteration with
+nothing in between (an odd group's last rank idles). The slowest side of the pair sets the
+rate, so the median iteration is the gap between messages of a stream, where half a sendrecv
+iteration is the latency of one message; a pipeline stage pays the first once per step chain
+and the second for each transfer that was already on its way.
 """
 
 import sys
@@ -89,6 +95,9 @@ def pattern_cases(pattern: Pattern) -> list[Case]:
                                              [0] * len(pattern.stages))
                 per_stage[stage] += run.repeat
     order = list(SweepOp)
+    for (kind, size, count, dtype, n), per_stage in list(calls.items()):
+        if kind == SweepOp.SENDRECV:  # a pipeline's transfers cost a latency and a gap
+            calls[(SweepOp.STREAM, size, count, dtype, n)] = per_stage
     keys = sorted(calls, key=lambda k: (order.index(k[0]), k[4], k[1], k[3]))
     return [Case(kind, size, count, dtype, n, max(calls[(kind, size, count, dtype, n)]))
             for kind, size, count, dtype, n in keys]
@@ -131,6 +140,17 @@ class Sweeper:
                     BoundOp(recv_op, group, None, recv,
                             b.bind("recv", group, None, recv, recv_op.peer))]
             return pair if g % 2 == 0 else pair[::-1]
+        if case.op == SweepOp.STREAM:
+            g, n = group.index, group.size
+            if g % 2 == 0 and g + 1 == n:  # an odd group's last rank has no partner
+                return []
+            kind = OpKind.SEND if g % 2 == 0 else OpKind.RECV
+            peer = g + 1 if kind == OpKind.SEND else g - 1
+            op = _sweep_op(case, kind, peer=peer)
+            buf = b.empty(case.count, case.dtype)
+            if kind == OpKind.SEND:
+                return [BoundOp(op, group, buf, None, b.bind("send", group, buf, None, peer))]
+            return [BoundOp(op, group, None, buf, b.bind("recv", group, None, buf, peer))]
         root = 0 if case.op in (SweepOp.GATHER, SweepOp.BROADCAST) else None
         op = _sweep_op(case, OpKind(case.op.value), root=root)
         send = b.empty(op.numel, case.dtype)
