@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from microbench.argtypes import UsageError
-from microbench.sweep.busbw import SweepOp, pattern_message
+from microbench.sweep.busbw import SweepOp, busbw_factor, pattern_message
 from patterns import Op, OpKind, Pattern, Phase
 
 MIN_POINTS = 3
@@ -77,6 +77,7 @@ class Fit:
     min_bytes: int
     max_bytes: int
     dropped: tuple[int, ...] = ()  # sizes left out as outliers
+    scaled_from: int | None = None  # group size swept, when this fit is scaled from it
 
     def time_us(self, size_bytes: float) -> float:
         piece = self.pieces[0]
@@ -184,13 +185,32 @@ TRANSIENT_STEPS = 4  # steps simulated beyond the stage count before extrapolati
 LARGE_RMS = 0.25
 
 
+def scaled(fit: Fit, n: int) -> Fit:
+    """A fit for a group of n ranks from one of another size, by the ring algorithms'
+    model: n - 1 latency steps where the sweep had its own count, and the same bus bandwidth
+    (nccl-tests' factors, busbw.py), so the cost per byte scales with the factor. Rough: a
+    library may pick a tree or another protocol at n; the output says when it is used."""
+    steps = (n - 1) / (fit.group_size - 1)
+    op = SweepOp(fit.op)
+    per_byte = busbw_factor(op, n) / busbw_factor(op, fit.group_size)
+    pieces = tuple(Piece(p.from_bytes, p.alpha_us * steps, p.beta_us_per_byte * per_byte)
+                   for p in fit.pieces)
+    return Fit(fit.op, n, pieces, fit.rms_rel_error, fit.points, fit.min_bytes,
+               fit.max_bytes, fit.dropped, fit.group_size)
+
+
 def _fit_for(fits: FitTable, op: SweepOp, n: int) -> Fit:
     if (op.value, n) in fits:
         return fits[(op.value, n)]
+    swept = sorted(k[1] for k, f in fits.items()
+                   if k[0] == op.value and f.scaled_from is None)
     if op in (SweepOp.SENDRECV, SweepOp.STREAM):  # a pair; a ring of more is next best
-        rings = sorted(k[1] for k in fits if k[0] == op.value)
-        if rings:
-            return fits[(op.value, rings[0])]
+        if swept:
+            return fits[(op.value, swept[0])]
+    elif swept:  # the nearest swept group size, scaled (and cached for the next call)
+        nearest = min(swept, key=lambda g: (abs(g - n), -g))
+        fits[(op.value, n)] = scaled(fits[(op.value, nearest)], n)
+        return fits[(op.value, n)]
     have = ", ".join(f"{o} n={g}" for o, g in sorted(fits)) or "nothing"
     raise UsageError(f"the sweep has no {op} over {n} ranks (it has {have}); run "
                      f"`infercomm sweep --op {op} --nproc {n}` or --from-pattern")
@@ -417,10 +437,20 @@ def predict_pattern(pattern: Pattern, fits: FitTable | Topology,
         out[f"{k}_us"] = max(stage.get(k, 0.0) for stage in kinds)
     out["decode_step_us"] = out["decode_us"] / steps if steps else 0.0
     notes: set[str] = set()
-    for (kind, size, _), fit in topology.fits_seen.items():
+    outside: dict[int, tuple[Fit, list[int]]] = {}
+    for (_, size, _), fit in topology.fits_seen.items():
         if not fit.min_bytes <= size <= fit.max_bytes:
-            notes.add(f"{kind} {size} B lies outside the swept {fit.min_bytes}-"
-                      f"{fit.max_bytes} B over {fit.group_size} ranks: extrapolated")
+            outside.setdefault(id(fit), (fit, []))[1].append(size)
+    for fit, sizes in outside.values():
+        notes.add(f"{fit.op} over {fit.group_size} ranks: {len(sizes)} size(s) from "
+                  f"{min(sizes)} to {max(sizes)} B outside the swept {fit.min_bytes}-"
+                  f"{fit.max_bytes} B: extrapolated")
+    for fit in {id(f): f for f in topology.fits_seen.values()}.values():
+        if fit.scaled_from is not None:
+            notes.add(f"{fit.op} over {fit.group_size} ranks: scaled from the sweep's "
+                      f"{fit.scaled_from} ranks ({fit.group_size - 1} ring steps where it "
+                      f"had {fit.scaled_from - 1}, same bus bandwidth); sweep "
+                      f"{fit.group_size} ranks to measure it")
         if fit.rms_rel_error > LARGE_RMS:
             notes.add(f"the {fit.op} fit over {fit.group_size} ranks is off by "
                       f"{100 * fit.rms_rel_error:.0f}% on average: its prediction is rough")

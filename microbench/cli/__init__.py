@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "microbench.cli.sweep",
     "microbench.cli.compare",
     "microbench.cli.predict",
+    "microbench.cli.plan",
     "microbench.cli.report",
 )
 

@@ -100,7 +100,9 @@ def fits_table(topology: Topology) -> str:
             gbps = f"{1e-3 / p.beta_us_per_byte:.3f}" if p.beta_us_per_byte > 0 else "-"
             flag = " LARGE" if fit.rms_rel_error > LARGE_RMS else ""
             dropped = ",".join(format_bytes(d) for d in fit.dropped) or "-"
-            rows.append([level, fit.op, str(fit.group_size), span, f"{p.alpha_us:.2f}", gbps,
+            ranks = str(fit.group_size) + (f" (scaled from {fit.scaled_from})"
+                                           if fit.scaled_from is not None else "")
+            rows.append([level, fit.op, ranks, span, f"{p.alpha_us:.2f}", gbps,
                          f"{100 * fit.rms_rel_error:.1f}%{flag}", str(fit.points), dropped])
     return render_table(["level", "op", "ranks", "sizes", "alpha(us)", "1/beta(GB/s)",
                          "rms error", "points", "outliers left out"], rows,
