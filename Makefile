@@ -32,6 +32,7 @@ test: lint
 
 bench: setup
 	$(BIN)/python benchmarks/pattern_generation.py
+	$(BIN)/python benchmarks/plan_layouts.py
 	$(BIN)/python benchmarks/replay_overhead.py --backend mpi
 	$(BIN)/python benchmarks/replay_overhead.py --backend torch -n 5
 
