@@ -59,7 +59,7 @@ def main() -> int:
         runs = []
         for _ in range(3):
             start = time.perf_counter()
-            priced, _ = plan(model, GPUS, make, topology(args), Budget())
+            plan(model, GPUS, make, topology(args), Budget())
             runs.append(time.perf_counter() - start)
         figures[f"plan_s_decode_{decode}"] = statistics.median(runs)
     widest = max(layouts, key=lambda s: s.pp)

@@ -30,20 +30,23 @@ def test_every_layout_priced_and_sorted(cli, tmp_path):
     # PP4 (tiny model, 1 layer a stage): latency 4 / 2 = 2 us, gap 1 us. Stage 0 sends 2 a
     # step; stages 1, 2 recv 2, send 2; stage 3 recvs 2. Prefill: sends at 0, 1 arrive 2, 3;
     # stage 1 recvs 2, 3, sends at 3, 4 (arrive 5, 6); stage 2 recvs 5, 6, sends (arrive 8,
-    # 9); stage 3 ends at 9. Decode: stages 1 and 2 need 4 gaps a step: 3 steps end at 21.
+    # 9); stage 3 ends at 9. plan takes the engine's order: each decode step starts on stage
+    # 0 once stage 3 has ended the previous one, so it is the same chain of 9 (a replay,
+    # without that dependency, would overlap the steps at 4 a step; test_predict.py):
+    # 3 steps end at 9 + 27 = 36.
     pp4 = got[(1, 4)]
-    assert (pp4["prefill_us"], pp4["decode_step_us"], pp4["e2e_us"]) == (9, 4, 21)
+    assert (pp4["prefill_us"], pp4["decode_step_us"], pp4["e2e_us"]) == (9, 9, 36)
     # Volume: 6 sends a step (3 hops x 2), [8, 64] bf16 = 1024 B in the prefill, [1, 64] =
     # 128 B in each of 3 decode steps: 6 x 1024 + 3 x 6 x 128 = 8448 B.
     assert pp4["volume_bytes"] == 8448
     # TP2 x PP2: stage 0 5 allreduces (10) and 2 sends (gap 1, latency 2); stage 1 recv,
     # allgather (30), recv, allgather, 4 allreduces, gather (20). Prefill: stage 0 sends at
     # 50, 51 (arrive 52, 53); stage 1: recv 52, 82, recv max(83, 53) = 83, 113, 153, 173.
-    # A step of stage 1 is 1 + 30 + 1 + 30 + 40 + 20 = 122 (stage 0's 52 is never waited
-    # for after the prefill): 173 + 3 x 122 = 539.
+    # Each decode step starts on stage 0 at stage 1's end and repeats that chain: 173 a
+    # step, 4 x 173 = 692 end to end.
     tp2pp2 = got[(2, 2)]
-    assert (tp2pp2["prefill_us"], tp2pp2["decode_step_us"], tp2pp2["e2e_us"]) == (173, 122,
-                                                                                 539)
+    assert (tp2pp2["prefill_us"], tp2pp2["decode_step_us"], tp2pp2["e2e_us"]) == (173, 173,
+                                                                                 692)
     # TP4: 9 allreduces (10 x 3 = 30 over 4 ranks) and a gather (20 x 3 = 60) a step: 330,
     # 4 steps end to end.
     tp4 = got[(4, 1)]
@@ -53,7 +56,7 @@ def test_every_layout_priced_and_sorted(cli, tmp_path):
 
 
 def test_budgets(cli, tmp_path):
-    # TPOT budget 0.1 ms = 100 us: only PP4's 4 us step meets it.
+    # TPOT budget 0.1 ms = 100 us: only PP4's 9 us step meets it.
     status, out, err = _plan(cli, tmp_path, "--budget-tpot-ms", "0.1", "--format", "json")
     assert status == 0, err
     assert [r["meets_budget"] for r in json.loads(out)["layouts"]] == [True, False, False]

@@ -2,7 +2,10 @@
 
 Only communication is priced: a layout's prefill_us and decode_step_us are the floor under
 TTFT and TPOT that its calls put there, whatever the kernels do. The prediction is the one of
-microbench/analysis/predict.py (the replay's critical path through the stages), with the
+microbench/analysis/predict.py (the critical path through the stages) in the engine's order:
+a decode step begins once the previous step's token is sampled, so a pipeline's decode step
+costs the chain through every stage, as it does for one batch in vLLM (a replay, which has
+no such dependency, runs the steps of its stages overlapped; `predict` models that). With the
 ranks placed as launchers place them: consecutive ranks per node, TP innermost (global rank =
 pp_rank x tp + tp_rank), so a TP group wider than a node, or a PP hop between stages on two
 nodes, takes the inter-node fits.
@@ -97,7 +100,7 @@ def valid_layouts(model: ModelConfig, gpus: int) -> tuple[list[Shape], list[str]
 def price(pattern: Pattern, shape: Shape, topology: Topology, budget: Budget) -> Priced:
     topology.used.clear()
     topology.fits_seen.clear()
-    predicted, notes = predict_pattern(pattern, topology)
+    predicted, notes = predict_pattern(pattern, topology, token_order=True)
     prefill, step = predicted["prefill_us"], predicted.get("decode_step_us", 0.0)
     return Priced(shape, prefill, step, predicted["e2e_us"],
                   as_number(volume_bytes(pattern)["total"]), budget.met(prefill, step),

@@ -31,6 +31,8 @@ This is the replay, not the engine: the replay has no dependency from the last s
 the first (the engine's step k+1 needs step k's sampled token; the pattern does not carry that
 transfer), so stage 0 begins decode step k+1 while later stages are still on step k, as the
 MPI and gloo replays do (their sends return once the data is handed to the library).
+`token_order=True` models the engine's order instead (`plan` uses it): a decode step begins
+on the first stage once the last stage has finished the previous one.
 
 Runs of identical steps are not expanded: each is simulated for a few steps until every stage
 advances by a fixed amount per step (the pipeline's transient lasts about as many steps as
@@ -394,9 +396,13 @@ def _runs_by_step(pattern: Pattern) -> list[tuple[Phase, int, list[list[Op]]]]:
     return out
 
 
-def simulate(pattern: Pattern, topology: Topology,
+def simulate(pattern: Pattern, topology: Topology, token_order: bool = False,
              ) -> tuple[list[float], list[float], list[dict[str, float]]]:
-    """(each stage's clock at the end of the prefill, at the end, per-kind time)."""
+    """(each stage's clock at the end of the prefill, at the end, per-kind time).
+
+    token_order: the engine's order, where a decode step begins on the first stage only once
+    the last stage has sampled the previous step's token (the transfer of that token is not
+    in the pattern and costs nothing here); without it, the replay's order."""
     costs = Costs(pattern, topology)
     pipe = Pipeline(len(pattern.stages))
     prefill_end: list[float] | None = None
@@ -409,6 +415,8 @@ def simulate(pattern: Pattern, topology: Topology,
         before = pipe.snapshot()
         for _ in range(simulated):
             before = pipe.snapshot()
+            if token_order and phase == Phase.DECODE:
+                pipe.clock[0] = max(pipe.clock[0], pipe.clock[-1])
             pipe.step(step_costs)
         left = repeat - simulated
         if left:  # steady state: every stage advances as much each step as in the last
@@ -422,13 +430,14 @@ def simulate(pattern: Pattern, topology: Topology,
     return prefill_end, list(pipe.clock), pipe.kinds
 
 
-def predict_pattern(pattern: Pattern, fits: FitTable | Topology,
+def predict_pattern(pattern: Pattern, fits: FitTable | Topology, token_order: bool = False,
                     ) -> tuple[dict[str, float], list[str]]:
     """Predicted prefill, decode step, end to end and per op kind, each the slowest stage's
-    as replay reports the slowest rank's, and notes on extrapolation and bad fits."""
+    as replay reports the slowest rank's, and notes on extrapolation and bad fits.
+    token_order: decode steps in the engine's order (`simulate`), not the replay's."""
     topology = fits if isinstance(fits, Topology) else Topology(fits)
     steps = pattern.workload.decode_steps
-    prefill_end, end, kinds = simulate(pattern, topology)
+    prefill_end, end, kinds = simulate(pattern, topology, token_order)
     out: dict[str, float] = {
         "prefill_us": max(prefill_end),
         "decode_us": max(e - p for e, p in zip(end, prefill_end, strict=True)),

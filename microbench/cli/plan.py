@@ -12,7 +12,8 @@ from microbench.cli.pattern_args import add_pattern_arguments, pattern_from_args
 from microbench.views.textfmt import format_bytes, format_us, render_table
 
 SCOPE = ("communication only: each figure is the floor its calls put under TTFT (prefill) and "
-         "TPOT (decode step), which no kernel can remove; compute is not predicted")
+         "TPOT (decode step), which no kernel can remove; compute is not predicted; decode "
+         "steps wait for the previous step's token, as in the engine")
 
 EXAMPLES = """\
 examples:
@@ -21,7 +22,8 @@ examples:
   infercomm plan ... --budget-tpot-ms 5 --format json
 
 Every tp x pp of N ranks the model accepts (heads % tp == 0, pp <= layers) is predicted as
-`infercomm predict` does (the replay's critical path through the stages). Ranks sit as
+`infercomm predict` does (the critical path through the stages), in the engine's order: a
+decode step starts once the previous step's token is sampled (one batch). Ranks sit as
 launchers place them: consecutive ranks per node, TP innermost, so a TP group wider than a
 node, or a PP hop between nodes, takes the --sweep-inter fits. Sorted best first: layouts
 that meet the budgets, then by end to end time, then by volume.
