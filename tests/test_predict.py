@@ -202,8 +202,10 @@ def test_pp4_costs_the_chain_along_the_pipeline(tmp_path, decode, e2e):
 
 
 def test_an_outlier_is_left_out_and_named():
-    # 5 us + 0.001 us/B, but the 2 KiB median is 8000 us (a descheduled rank): more than 3x
-    # off the line through the others, so it is left out and the line is exact again.
+    # 5 us + 0.001 us/B, but the 2 KiB median is 8000 us (a descheduled rank). Its
+    # neighbours allow at most 5.512 x 4 = 22.0 us (512 B's time, growing with size) and
+    # 13.192 us (8 KiB's, flat): 8000 / 22.0 = 363x, over 5x on both sides; left out, and
+    # the line is exact again.
     times = [5 + 0.001 * s for s in SIZES]
     times[4] = 8000.0  # SIZES[4] = 8 x 4^4 = 2048 B
     fit = fit_points("allreduce", 2, SIZES, times)

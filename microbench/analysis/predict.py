@@ -55,8 +55,10 @@ from patterns import Op, OpKind, Pattern, Phase
 MIN_POINTS = 3
 SPLIT_GAIN = 0.5
 MIN_RMS = 0.02
-# A point more than 3x off (relative error 2) from the line through the others is an outlier.
-OUTLIER = 2.0
+# A point more than 5x outside what both neighbours allow is an outlier; 10x at either end,
+# where one neighbour alone cannot tell a change of regime from noise.
+OUTLIER = 5.0
+OUTLIER_END = 10.0
 
 
 @dataclass(frozen=True)
@@ -111,22 +113,30 @@ def fit_line(x: np.ndarray, t: np.ndarray) -> tuple[float, float, float]:
     return float(alpha), float(beta), error
 
 
+def _miss(x: np.ndarray, t: np.ndarray, i: int, j: int) -> float:
+    """How far t[i] lies outside what neighbour j allows: between flat (latency-bound) and
+    proportional to size (bandwidth-bound) from t[j]; 1 or less inside that band."""
+    scale = x[i] / x[j]
+    low, high = t[j] * min(1.0, scale), t[j] * max(1.0, scale)
+    return float(max(low / t[i], t[i] / high))
+
+
 def drop_outliers(x: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[int]]:
-    """Leave out, one at a time, the point the rest of the sweep misses most, while it is off
-    by more than OUTLIER (relative) from the line through the others and enough points stay:
-    a median that a descheduled rank spoiled (8 ms for a 4 KiB allreduce of 23 us) would
-    otherwise bend the whole line."""
+    """Leave out, one at a time, a point that every neighbour disowns: more than OUTLIER
+    times outside the band each size beside it allows (OUTLIER_END at an end, which has one
+    neighbour), while enough points stay. A median that a descheduled rank spoiled (8 ms for
+    a 4 KiB allreduce of 23 us) would otherwise bend the whole line; a change of regime (out
+    of cache, another protocol, a token bucket running dry) agrees with the sizes on its own
+    side, and stays."""
     dropped: list[int] = []
-    while x.size > MIN_POINTS + 1:
-        worst, worst_error = -1, OUTLIER
+    while x.size > MIN_POINTS + 1 and np.unique(x).size == x.size:
+        scores = []
         for i in range(x.size):
-            keep = np.arange(x.size) != i
-            alpha, beta, _ = fit_line(x[keep], t[keep])
-            predicted = alpha + beta * x[i]
-            error = abs(t[i] - predicted) / max(predicted, 1e-9)
-            if error > worst_error:
-                worst, worst_error = i, error
-        if worst < 0:
+            sides = [j for j in (i - 1, i + 1) if 0 <= j < x.size]
+            limit = OUTLIER if len(sides) == 2 else OUTLIER_END
+            scores.append(min(_miss(x, t, i, j) for j in sides) / limit)
+        worst = int(np.argmax(scores))
+        if scores[worst] <= 1:
             break
         dropped.append(int(x[worst]))
         keep = np.arange(x.size) != worst

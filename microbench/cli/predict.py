@@ -21,10 +21,11 @@ examples:
   infercomm predict --sweep results/SWEEP --against results/REPLAY   (the replay's pattern)
 
 Each call's time is alpha + bytes x beta of its collective and group size, fitted to the
-sweep (piecewise where the sweep bends; a point 3x off the line through the others is left
-out and named). A transfer between stages costs its stage a stream iteration and arrives half
-a sendrecv iteration after it began; a recv waits for its data, so a figure is the critical
-path through the stages, the slowest rank's as replay reports it. Across nodes
+sweep (piecewise where the sweep bends; a point 5x off what the sizes beside it allow, 10x
+at either end, is left out and named). A transfer between stages costs its stage a stream
+iteration and arrives half a sendrecv iteration after it began; a recv waits for its data,
+so a figure is the critical path through the stages, the slowest rank's as replay reports
+it. Across nodes
 (--ranks-per-node, consecutive ranks per node, TP innermost) a group that spans nodes uses
 the --sweep-inter fits. A sweep of another backend or world than the replay is said loudly.
 """
@@ -136,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     for w in warnings:
         sys.stderr.write(f"infercomm predict: warning: {w}\n")
     dropped = [f"{f.op} over {f.group_size} ranks: left out {format_bytes(d)} (more than "
-               f"3x off the line through the other sizes)"
+               f"5x off what the sizes beside it allow)"
                for _, f in all_fits(topology) for d in f.dropped]
     header = ["metric", "predicted"] + (["measured", "measured/predicted"] if measured else [])
     rows = []
