@@ -478,3 +478,22 @@ def predict_pattern(pattern: Pattern, fits: FitTable | Topology, token_order: bo
     if not steps:
         ordered.remove("decode_step_us")
     return {k: out[k] for k in ordered}, sorted(notes)
+
+
+def caveats(sweep_meta: dict[str, Any], pattern: Pattern,
+            replay_meta: dict[str, Any] | None) -> list[str]:
+    """What makes a sweep a poor witness for a prediction: another backend, transport,
+    device or world than the replay's, or (without a replay) fewer ranks than the pattern."""
+    out = []
+    if replay_meta is not None:
+        for key in ("backend", "transport", "device", "world_size"):
+            a, b = sweep_meta.get(key), replay_meta.get(key)
+            if a is not None and b is not None and a != b:
+                out.append(f"the sweep ran with {key} {a} and the replay with {b}: the "
+                           "prediction prices another setup than the one measured")
+    world = sweep_meta.get("world_size")
+    if world is not None and replay_meta is None and world != pattern.layout.world_size:
+        out.append(f"the sweep ran on {world} ranks and the pattern has "
+                   f"{pattern.layout.world_size}: contention between its groups is not "
+                   "in the fits")
+    return out

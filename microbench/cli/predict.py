@@ -7,7 +7,14 @@ from typing import Any
 
 import numpy as np
 
-from microbench.analysis.predict import LARGE_RMS, Fit, Topology, predict_pattern, topology_from
+from microbench.analysis.predict import (
+    LARGE_RMS,
+    Fit,
+    Topology,
+    caveats,
+    predict_pattern,
+    topology_from,
+)
 from microbench.argtypes import UsageError, positive_int
 from microbench.cli.pattern_args import add_pattern_arguments, pattern_from_args
 from microbench.results.runs import RunFolder, load_run, replay_samples, run_pattern, sweep_table
@@ -67,24 +74,6 @@ def load_sweep(flag: str, path: str) -> RunFolder:
     return sweep
 
 
-def caveats(sweep: RunFolder, pattern: Pattern, replay: RunFolder | None) -> list[str]:
-    """What makes the sweep a poor witness for this prediction: another backend, transport
-    or world than the replay's, or fewer ranks than the pattern has."""
-    out = []
-    if replay is not None:
-        for key in ("backend", "transport", "device", "world_size"):
-            a, b = sweep.meta.get(key), replay.meta.get(key)
-            if a is not None and b is not None and a != b:
-                out.append(f"the sweep ran with {key} {a} and the replay with {b}: the "
-                           "prediction prices another setup than the one measured")
-    world = sweep.meta.get("world_size")
-    if world is not None and replay is None and world != pattern.layout.world_size:
-        out.append(f"the sweep ran on {world} ranks and the pattern has "
-                   f"{pattern.layout.world_size}: contention between its groups is not "
-                   "in the fits")
-    return out
-
-
 def all_fits(topology: Topology) -> list[tuple[str, Fit]]:
     return ([("intra", f) for f in topology.intra.values()]
             + [("inter", f) for f in (topology.inter or {}).values()])
@@ -133,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     topology = topology_from(sweep_table(sweep), sweep_table(inter) if inter else None,
                              args.ranks_per_node)
     predicted, notes = predict_pattern(pattern, topology)
-    warnings = caveats(sweep, pattern, replay)
+    warnings = caveats(sweep.meta, pattern, replay.meta if replay is not None else None)
     for w in warnings:
         sys.stderr.write(f"infercomm predict: warning: {w}\n")
     dropped = [f"{f.op} over {f.group_size} ranks: left out {format_bytes(d)} (more than "
