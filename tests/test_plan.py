@@ -84,6 +84,11 @@ def test_csv_and_bad_input(cli, tmp_path):
     assert "span nodes" in err and "--sweep-inter" in err
     status, _, err = _plan(cli, tmp_path / "x", "--budget-tpot-ms", "-1")
     assert status == 2 and "--budget-tpot-ms -1.0 must be a positive number" in err
+    # 1000 ranks: tp in 1, 2, 4 (4 heads) leaves pp >= 250 > 4 layers.
+    status, out, err = _plan(cli, tmp_path / "y", "--gpus", "1000", "--gpus-per-node", "1000")
+    assert status == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert ("no layout of 1000 ranks suits tiny: tp must divide num_attention_heads(4) and "
+            "pp = 1000/tp must be at most num_hidden_layers(4)") in err
 
 
 def test_a_layout_wider_than_a_node_uses_the_inter_sweep(cli, tmp_path):

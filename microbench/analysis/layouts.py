@@ -113,8 +113,10 @@ def plan(model: ModelConfig, gpus: int, make_pattern: Callable[[Layout], Pattern
     then by end to end, then by volume. The first is marked best."""
     kept, refused = valid_layouts(model, gpus)
     if not kept:
-        raise ConfigError(f"no layout of {gpus} ranks suits {model.name}: "
-                          + "; ".join(refused))
+        raise ConfigError(f"no layout of {gpus} ranks suits {model.name}: tp must divide "
+                          f"num_attention_heads({model.num_attention_heads}) and pp = "
+                          f"{gpus}/tp must be at most num_hidden_layers"
+                          f"({model.num_hidden_layers})")
     priced = [price(make_pattern(layout_of(s)), s, topology, budget) for s in kept]
     priced.sort(key=lambda p: (not p.meets_budget, p.e2e_us, p.volume_bytes, p.shape.pp))
     best = priced[0]
