@@ -2,8 +2,8 @@
 the same session, on the same machine and backend; prefill, decode step and end to end must
 each be predicted within 10% (measured/predicted in [0.9, 1.1], medians of the replay).
 
-Inferences are short (a 4-layer model of hidden size 1024, batch 8, prompt 32, 8 output
-tokens) and many (-n 100), so that a rank descheduled by other work spoils few of them and
+Inferences are short (a 4-layer model of hidden size 1024, batch 4, prompt 32, 8 output
+tokens, fp32) and many (-n 100), so that a rank descheduled by other work spoils few of them and
 the median is the uncontended figure; the sweep takes the median of 200 calls per size for
 the same reason. The messages are 8 KiB to 512 KiB, so that each figure is tens of
 microseconds or more: with the tiny model of the other tests the PP2 prefill is two 4 KiB
@@ -36,10 +36,12 @@ import pytest
 from tests.replay_helpers import infercomm, last_json, needs_mpi
 
 SWEEP = ["--op", "allreduce,allgather,gather,sendrecv,stream", "-b", "1K", "-e", "1M", "-f",
-         "2", "-n", "200", "-w", "20"]
-PATTERN = ["--engine", "vllm-v0", "--prompt", "32", "--decode", "8", "--batch", "8"]
-# 4 layers, hidden 1024: a decode step's [8, 1024] bf16 activations are 16 KiB, the
-# prefill's [256, 1024] 512 KiB (TP2xPP2 sends halves); vocab 1000 keeps the gather small.
+         "2", "--dtype", "fp32", "-n", "200", "-w", "20"]
+PATTERN = ["--engine", "vllm-v0", "--prompt", "32", "--decode", "8", "--batch", "4",
+           "--dtype", "fp32"]
+# 4 layers, hidden 1024: a decode step's [4, 1024] fp32 activations are 16 KiB, the
+# prefill's [128, 1024] 512 KiB (TP2xPP2 sends halves); vocab 1000 keeps the gather small.
+# fp32, which MPICH sums itself (bf16 over MPI is a Python sum: longer and noisier calls).
 WIDE = {"hidden_size": 1024, "num_hidden_layers": 4, "vocab_size": 1000,
         "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 4096,
         "torch_dtype": "bfloat16", "_name_or_path": "wide"}
