@@ -22,7 +22,10 @@ waits by sleeping, so under a load of 5-7 its sweep times are bimodal, 100-200 u
 sweep and of a replay taken a minute apart fall in different modes (gloo PP2 decode step
 6.4 ms predicted, 0.73 ms measured). MPICH spins instead, but a spinning rank preempted by
 other work loses a tick too (MPI TP2 end to end 1.09 then 5.3 x the prediction in two runs a
-minute apart at load 5). INFERCOMM_TEST_ANY_LOAD=1 runs them
+minute apart at load 5). And a stall that hits one call in ten leaves a sweep's median per
+call untouched but is in almost every inference of 80 calls, so under load the replay's
+median end to end sits above the sum of the calls' medians (gloo TP2: 1.7-2.7 x at load
+3.3-3.5) while PP2, a few transfers a step, stays near it (0.8-1.15 x). INFERCOMM_TEST_ANY_LOAD=1 runs them
 anyway (to see the figures).
 """
 
