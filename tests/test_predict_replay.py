@@ -25,8 +25,8 @@ other work loses a tick too (MPI TP2 end to end 1.09 then 5.3 x the prediction i
 minute apart at load 5). And a stall that hits one call in ten leaves a sweep's median per
 call untouched but is in almost every inference of 80 calls, so under load the replay's
 median end to end sits above the sum of the calls' medians (gloo TP2: 1.7-2.7 x at load
-3.3-3.5) while PP2, a few transfers a step, stays near it (0.8-1.15 x). INFERCOMM_TEST_ANY_LOAD=1 runs them
-anyway (to see the figures).
+3.3-3.5) while PP2, a few transfers a step, stays near it (0.8-1.15 x).
+INFERCOMM_TEST_ANY_LOAD=1 runs them anyway (to see the figures).
 """
 
 import json
