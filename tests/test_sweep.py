@@ -212,3 +212,10 @@ def test_case_level_by_placement():
     assert level(SweepOp.ALLREDUCE, 4) == "inter"  # ranks 0-3 span both
     assert level(SweepOp.SENDRECV, 4) == "inter"  # the ring's 1 -> 2 crosses
     assert level(SweepOp.STREAM, 4) == "intra"  # pairs (0, 1) and (2, 3) stay on a node
+    # With a stride of a node (--ranks-per-node 2), the pairs are (0, 2) and (1, 3): both
+    # cross; ranks 0 and 1 send, 2 and 3 receive.
+    strided = Case(SweepOp.STREAM, 64, 32, "bf16", 4, stride=2)
+    assert [strided.stream_peer(g) for g in range(4)] == [(True, 2), (True, 3), (False, 0),
+                                                          (False, 1)]
+    assert case_level(strided, nodes) == "inter"
+    assert Case(SweepOp.STREAM, 64, 32, "bf16", 3).stream_peer(2) is None  # odd: idles

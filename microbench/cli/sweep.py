@@ -4,6 +4,7 @@ import argparse
 import json
 import socket
 import sys
+from dataclasses import replace
 from typing import Any
 
 from microbench.argtypes import UsageError, byte_size, positive_int
@@ -133,8 +134,11 @@ def cases_for(args: argparse.Namespace, pattern: Pattern | None,
         ops = args.op or [SweepOp.ALLREDUCE]
         cases, skipped = size_cases(ops, sizes, dtype, world)
         rpn = getattr(args, "ranks_per_node", None)
-        if rpn is not None and 2 <= rpn < world:  # the same ops within one node
-            cases += size_cases(ops, sizes, dtype, rpn)[0]
+        if rpn is not None and rpn < world:
+            # Streams over the world pair ranks a node apart, so that each pair crosses.
+            cases = [replace(c, stride=rpn) if c.op == SweepOp.STREAM else c for c in cases]
+            if rpn >= 2:  # the same ops within one node
+                cases += size_cases(ops, sizes, dtype, rpn)[0]
         if not cases:
             raise UsageError(f"every size is smaller than one element per rank: "
                              f"{'; '.join(skipped)}")
@@ -241,12 +245,12 @@ def node_ids(hosts: list[str], ranks_per_node: int | None) -> list[int]:
 def case_level(case: Case, nodes: list[int]) -> str:
     """intra when every pair that talks in the case is on one node, else inter. Groups are
     the first group_size ranks; sendrecv pairs each rank with the next (a ring), stream pairs
-    2i with 2i+1."""
+    as Case.stream_peer says."""
     n = case.group_size
     if case.op == SweepOp.SENDRECV:
         pairs = [(r, (r + 1) % n) for r in range(n)]
     elif case.op == SweepOp.STREAM:
-        pairs = [(r, r + 1) for r in range(0, n - 1, 2)]
+        pairs = [(r, p[1]) for r in range(n) if (p := case.stream_peer(r)) and p[0]]
     else:
         pairs = [(0, r) for r in range(1, n)]
     return "inter" if any(nodes[a] != nodes[b] for a, b in pairs) else "intra"

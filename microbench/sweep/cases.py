@@ -10,10 +10,10 @@ receive first (otherwise every rank would wait in its send); one iteration is th
 two transfers one after the other, where nccl-tests overlaps them in one NCCL group.
 
 stream is one way: rank 2i sends to rank 2i+1, which receives, iteration after iteration with
-nothing in between (an odd group's last rank idles). The slowest side of the pair sets the
-rate, so the median iteration is the gap between messages of a stream, where half a sendrecv
-iteration is the latency of one message; a pipeline stage pays the first once per step chain
-and the second for each transfer that was already on its way.
+nothing in between (a rank without a partner idles); with a stride s (sweep --ranks-per-node
+s) rank i pairs with i + s instead, so that over a world of several nodes every pair crosses.
+The slowest side of a pair sets the rate, so the median iteration is the gap between the
+messages of a stream, where half a sendrecv iteration is the latency of one message.
 """
 
 import sys
@@ -45,6 +45,14 @@ class Case:
     dtype: str
     group_size: int
     calls_per_inference: int | None = None  # --from-pattern only
+    stride: int = 1  # stream pairs rank i with i + stride (a node's ranks, to cross nodes)
+
+    def stream_peer(self, g: int) -> tuple[bool, int] | None:
+        """(sends, partner) of group rank g in a stream, or None when it has no partner:
+        ranks pair up as (i, i + stride) within each block of 2 x stride."""
+        sends = (g // self.stride) % 2 == 0
+        peer = g + self.stride if sends else g - self.stride
+        return (sends, peer) if 0 <= peer < self.group_size else None
 
 
 def geometric_sizes(minbytes: int, maxbytes: int, factor: int) -> list[int]:
@@ -141,11 +149,11 @@ class Sweeper:
                             b.bind("recv", group, None, recv, recv_op.peer))]
             return pair if g % 2 == 0 else pair[::-1]
         if case.op == SweepOp.STREAM:
-            g, n = group.index, group.size
-            if g % 2 == 0 and g + 1 == n:  # an odd group's last rank has no partner
+            pairing = case.stream_peer(group.index)
+            if pairing is None:  # no partner
                 return []
-            kind = OpKind.SEND if g % 2 == 0 else OpKind.RECV
-            peer = g + 1 if kind == OpKind.SEND else g - 1
+            kind = OpKind.SEND if pairing[0] else OpKind.RECV
+            peer = pairing[1]
             op = _sweep_op(case, kind, peer=peer)
             buf = b.empty(case.count, case.dtype)
             if kind == OpKind.SEND:
