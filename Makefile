@@ -41,6 +41,7 @@ bench: setup
 	PATH="$(abspath $(BIN)):$$PATH" OMP_NUM_THREADS=1 $(BIN)/mpiexec -n 2 $(BENCH) \
 	  benchmarks/bench_replay_overhead.py --benchmark-storage=.benchmarks/replay \
 	  $(call compare_with,replay)
+	$(BIN)/python benchmarks/plan_layouts.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache

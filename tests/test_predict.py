@@ -120,3 +120,111 @@ def test_against_a_committed_replay(cli):
     assert line["model"] == "llama-3.2-1b" and line["tp"] == 2
     assert set(line["measured"]) == set(line["predicted"])
     assert "measured/predicted" in out
+
+
+TINY8 = {"hidden_size": 64, "num_hidden_layers": 4, "vocab_size": 1000,
+         "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 256,
+         "torch_dtype": "bfloat16", "_name_or_path": "tiny8"}
+
+
+def _flat(table: dict[tuple[str, int], float]) -> dict:
+    """Fits whose every size takes the same time (alpha = the time, beta 0), by hand."""
+    return {key: fit_points(key[0], key[1], SIZES, [t] * len(SIZES))
+            for key, t in table.items()}
+
+
+def _two_levels(tmp_path, tp: int, pp: int, ranks_per_node: int):
+    from microbench.analysis.predict import Topology, predict_pattern
+    from patterns import Layout, Workload, from_hf_config, generate
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY8))
+    pattern = generate("vllm-v0", from_hf_config(str(path)), Layout(tp=tp, pp=pp),
+                       Workload(prompt=8, decode=4))
+    intra = _flat({("allreduce", 4): 10, ("allreduce", 8): 10, ("gather", 4): 20,
+                   ("gather", 8): 20, ("allgather", 4): 30, ("sendrecv", 2): 4})
+    inter = _flat({("allreduce", 8): 100, ("gather", 8): 200, ("sendrecv", 2): 40})
+    topology = Topology(intra, inter, ranks_per_node)
+    predicted, _ = predict_pattern(pattern, topology)
+    return predicted, topology.used
+
+
+def test_tp8_over_two_nodes_uses_the_inter_node_fits(tmp_path):
+    # TP8, 4 ranks a node: the TP group (ranks 0-7) spans both nodes. A step is 9 allreduces
+    # and 1 gather (tiny model, 4 layers): 9 x 100 + 200 = 1100 us inter-node.
+    p, used = _two_levels(tmp_path, 8, 1, 4)
+    assert used == {"inter"}
+    assert p["prefill_us"] == pytest.approx(1100)
+    assert p["decode_step_us"] == pytest.approx(1100)
+    assert p["e2e_us"] == pytest.approx(4 * 1100)  # prefill + 3 decode steps
+    # On one node of 8: 9 x 10 + 20 = 110 us.
+    p, used = _two_levels(tmp_path, 8, 1, 8)
+    assert used == {"intra"} and p["decode_step_us"] == pytest.approx(110)
+
+
+def test_tp4pp2_over_two_nodes_uses_the_inter_fit_only_for_its_sends(tmp_path):
+    # TP4 x PP2, 4 ranks a node: stage 0 = ranks 0-3 (node 0), stage 1 = ranks 4-7 (node 1).
+    # TP groups stay on a node (intra); each send crosses: latency = gap = 40 / 2 = 20 us
+    # (the inter sweep has no stream). Per step stage 0: 5 allreduces (10) then 2 sends;
+    # stage 1: recv, allgather (30), recv, allgather, 4 allreduces, gather (20).
+    # Prefill: stage 0 sends at 50 and 70 (arrive 70, 90), ends at 90. Stage 1: recv
+    # max(0 + 20, 70) = 70, allgather 100, recv max(120, 90) = 120, allgather 150,
+    # allreduces 190, gather 210.
+    # Decode step 1: stage 0 from 90: allreduces 140, sends arrive 160 and 180. Stage 1 from
+    # 210: recv max(230, 160) = 230, 260, recv max(280, 180) = 280, 310, 350, 370: 160 a
+    # step, stage 1's own calls (stage 0 needs 90), so 3 steps end at 210 + 480 = 690.
+    p, used = _two_levels(tmp_path, 4, 2, 4)
+    assert used == {"intra", "inter"}
+    assert p["prefill_us"] == pytest.approx(210)
+    assert p["decode_step_us"] == pytest.approx(160)
+    assert p["e2e_us"] == pytest.approx(690)
+    # allreduce stays intra: stage 0's 5 x 10 x 4 steps = 200 (inter would be 8-rank only).
+    assert p["allreduce_us"] == pytest.approx(200)
+    assert p["send_us"] == pytest.approx(2 * 20 * 4)  # 160: inter gap of 20 per send
+
+
+@pytest.mark.parametrize("decode, e2e", [(4, 27.0), (100, 15 + 99 * 4.0)])
+def test_pp4_costs_the_chain_along_the_pipeline(tmp_path, decode, e2e):
+    from microbench.analysis.predict import Topology, predict_pattern
+    from patterns import Layout, Workload, from_hf_config, generate
+
+    pattern = generate("vllm-v0", from_hf_config(tiny_model(tmp_path)), Layout(pp=4),
+                       Workload(prompt=8, decode=decode))
+    # Latency 8 / 2 = 4 us, gap 1 us. Per step stage 0 sends 2, stages 1-2 recv 2 then send
+    # 2, stage 3 recvs 2. Prefill: stage 0 sends at 0, 1 (arrive 4, 5); stage 1 recvs at 4,
+    # 5, sends at 5, 6 (arrive 9, 10); stage 2 recvs 9, 10, sends (arrive 14, 15); stage 3
+    # ends at 15: the chain, where each stage's own calls add up to at most 4 x 4 = 16.
+    # Decode: stages 1 and 2 each need 4 gaps a step, so after the first step (stage 3 from
+    # 15 to 19) every step adds 4: 3 steps end at 27; 99 steps (extrapolated from the
+    # steady state) at 15 + 396 = 411.
+    topology = Topology(_flat({("sendrecv", 2): 8, ("stream", 2): 1}))
+    p, _ = predict_pattern(pattern, topology)
+    assert p["prefill_us"] == pytest.approx(15)
+    assert p["decode_step_us"] == pytest.approx(4)
+    assert p["e2e_us"] == pytest.approx(e2e)
+
+
+def test_an_outlier_is_left_out_and_named():
+    # 5 us + 0.001 us/B, but the 2 KiB median is 8000 us (a descheduled rank). Its
+    # neighbours allow at most 5.512 x 4 = 22.0 us (512 B's time, growing with size) and
+    # 13.192 us (8 KiB's, flat): 8000 / 22.0 = 363x, over 5x on both sides; left out, and
+    # the line is exact again.
+    times = [5 + 0.001 * s for s in SIZES]
+    times[4] = 8000.0  # SIZES[4] = 8 x 4^4 = 2048 B
+    fit = fit_points("allreduce", 2, SIZES, times)
+    assert fit.dropped == (2048,)
+    assert fit.pieces[0].alpha_us == pytest.approx(5.0)
+    assert fit.pieces[0].beta_us_per_byte == pytest.approx(0.001)
+    assert fit.points == len(SIZES) - 1 and fit.max_bytes == SIZES[-1]
+
+
+def test_a_sweep_of_another_backend_is_said_loudly(cli):
+    samples = Path(__file__).resolve().parent.parent / "results" / "examples" / "samples"
+    replay = next(samples.glob("*-replay-llama-3.2-1b-tp2-mpi"))
+    sweep = next(samples.glob("*-sweep-torch-gloo-w2"))
+    status, out, err = cli("predict", "--sweep", str(sweep), "--against", str(replay))
+    assert status == 0, err
+    warning = ("the sweep ran with backend torch and the replay with mpi: the prediction "
+               "prices another setup than the one measured")
+    assert warning in err and f"WARNING: {warning}" in out
+    assert warning in last_json(out)["warnings"]

@@ -65,6 +65,9 @@ def test_pattern_messages_and_their_calls_per_inference(tmp_path):
         ("gather", 1024 * 2, 512, 2, 4),  # [1,512] per rank into [1,1024]; every step
         ("sendrecv", 32 * 2, 32, 2, 3 * 2),  # decode slices of 64/2 = 32 elements
         ("sendrecv", 256 * 2, 256, 2, 2),  # prefill slices of 8 x 64/2 = 256 elements
+        # each transfer also as a one-way stream (its gap; predict.py's docstring)
+        ("stream", 32 * 2, 32, 2, 3 * 2),
+        ("stream", 256 * 2, 256, 2, 2),
     ]
 
 
@@ -146,7 +149,8 @@ def test_sweep_from_pattern(tmp_path):
     got = [(r["op"], r["size_bytes"], r["calls_per_inference"]) for r in line["rows"]]
     assert got == [("allreduce", 128, 15), ("allreduce", 1024, 5), ("allgather", 128, 6),
                    ("allgather", 1024, 2), ("gather", 2048, 4), ("sendrecv", 64, 6),
-                   ("sendrecv", 512, 2)]  # as in test_pattern_messages_... above
+                   ("sendrecv", 512, 2), ("stream", 64, 6),
+                   ("stream", 512, 2)]  # as in test_pattern_messages_... above
     run = Path(line["results_dir"])
     assert list(read_csv(run / "sweep.csv")[0])[-1] == "calls_per_inference"
     meta = json.loads((run / "meta.json").read_text())
@@ -175,3 +179,44 @@ def test_unknown_op_is_refused_by_the_parser(cli):
     status, _, stderr = cli("sweep", "--op", "allreduce,reduce")
     assert status == 2 and "unknown op 'reduce'" in stderr
     assert len(stderr.strip().splitlines()) == 1
+
+
+def test_levels_by_ranks_per_node(tmp_path):
+    # One rank per node: every pair of the 2-rank world spans two nodes, so every row is
+    # inter; the stream's data is checked (-c) like every other op's.
+    proc, _ = infercomm(*_sweep_args(tmp_path / "res", "mpi", "--op", "allreduce,stream",
+                                     "--sizes", "64,1K", "--ranks-per-node", "1", "-c"))
+    assert proc.returncode == 0, proc.stderr
+    line = last_json(proc.stdout)
+    assert line["wrong"] == 0
+    rows = read_csv(Path(line["results_dir"]) / "sweep.csv")
+    assert [(r["op"], r["size_bytes"], r["level"]) for r in rows] == [
+        ("allreduce", "64", "inter"), ("allreduce", "1024", "inter"),
+        ("stream", "64", "inter"), ("stream", "1024", "inter")]
+    meta = json.loads((Path(line["results_dir"]) / "meta.json").read_text())
+    assert meta["ranks_per_node"] == 1 and meta["nodes"] == 2
+
+
+def test_case_level_by_placement():
+    from microbench.cli.sweep import case_level, node_ids
+    from microbench.sweep.busbw import SweepOp
+    from microbench.sweep.cases import Case
+
+    nodes = node_ids(["a"] * 4, 2)  # 4 ranks, 2 per node: [0, 0, 1, 1]
+    assert nodes == [0, 0, 1, 1]
+    assert node_ids(["h1", "h1", "h2"], None) == [0, 0, 1]  # by host when not given
+
+    def level(op: SweepOp, n: int) -> str:
+        return case_level(Case(op, 64, 32, "bf16", n), nodes)
+
+    assert level(SweepOp.ALLREDUCE, 2) == "intra"  # ranks 0, 1: node 0
+    assert level(SweepOp.ALLREDUCE, 4) == "inter"  # ranks 0-3 span both
+    assert level(SweepOp.SENDRECV, 4) == "inter"  # the ring's 1 -> 2 crosses
+    assert level(SweepOp.STREAM, 4) == "intra"  # pairs (0, 1) and (2, 3) stay on a node
+    # With a stride of a node (--ranks-per-node 2), the pairs are (0, 2) and (1, 3): both
+    # cross; ranks 0 and 1 send, 2 and 3 receive.
+    strided = Case(SweepOp.STREAM, 64, 32, "bf16", 4, stride=2)
+    assert [strided.stream_peer(g) for g in range(4)] == [(True, 2), (True, 3), (False, 0),
+                                                          (False, 1)]
+    assert case_level(strided, nodes) == "inter"
+    assert Case(SweepOp.STREAM, 64, 32, "bf16", 3).stream_peer(2) is None  # odd: idles

@@ -202,3 +202,27 @@ def predicted_vs_measured(rows: Rows) -> "Figure":
     ax.set_title("Predicted from the sweep vs measured by the replay")
     ax.legend()
     return fig
+
+
+def plan_layouts(rows: Rows, title: str = "") -> "Figure":
+    """rows: {layout, predicted_e2e_us, measured: [{label, e2e_us}]} - a bar per layout, a
+    marker per measured replay."""
+    fig = _figure()
+    ax = fig.subplots()
+    x = np.arange(len(rows))
+    ax.bar(x, [r["predicted_e2e_us"] / 1e3 for r in rows], 0.6, label="predicted",
+           color="#9bb7d4")
+    shown = False
+    for i, r in enumerate(rows):
+        for m in r["measured"]:
+            ax.plot(i, m["e2e_us"] / 1e3, "D", color="black",
+                    label=None if shown else "measured (replay)")
+            ax.annotate(m["label"], (i, m["e2e_us"] / 1e3), textcoords="offset points",
+                        xytext=(6, 0), fontsize="small")
+            shown = True
+    ax.set_xticks(x, [r["layout"] for r in rows])
+    ax.set_yscale("log")
+    ax.set_ylabel("end to end, ms (communication only)")
+    ax.set_title("Layouts" + (f": {title}" if title else ""))
+    ax.legend()
+    return fig

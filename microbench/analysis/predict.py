@@ -12,23 +12,53 @@ only if it at most halves the single line's error (SPLIT_GAIN) and the single li
 by more than MIN_RMS (2%) on average: noise alone rarely halves the error, and a line that
 already fits needs no split. A size at or above the first size of the upper piece uses it.
 
-A pattern call's predicted time is its sweep message's (nccl-tests size convention, see
-busbw.py). A send or a recv is half a sendrecv iteration: in the sweep each rank issues one
-send and one recv per iteration, one after the other.
+A collective's predicted time is its sweep message's (nccl-tests size convention, see
+busbw.py). A transfer between pipeline stages has two costs (LogP's latency and gap): its
+latency, half a sendrecv iteration (each rank of the sweep's ring sends and receives one after
+the other, so an iteration is two one-way trips), and its gap, a `stream` iteration (the rate
+at which a stream of messages is passed on; the latency where the sweep has no stream).
+
+What is modelled is the replay that is measured (microbench/replay/replayer.py): after a
+barrier every rank issues its stage's calls back to back, with no barrier inside an inference,
+and each figure is the slowest rank's (prefill: end of the prefill; decode: end minus end of
+prefill; end to end). A stage is one clock (its ranks run the same calls; a collective costs
+the group the fit's time). A send costs its stage the gap and its data arrives a latency after
+the send began; a recv ends at the later of its own clock plus the gap and that arrival. So
+the prefill, and a step whose upstream stages are still busy, cost the chain along the
+pipeline, and the steady state of the decode steps runs at the busiest stage's rate.
+
+This is the replay, not the engine: the replay has no dependency from the last stage back to
+the first (the engine's step k+1 needs step k's sampled token; the pattern does not carry that
+transfer), so stage 0 begins decode step k+1 while later stages are still on step k, as the
+MPI and gloo replays do (their sends return once the data is handed to the library).
+`token_order=True` models the engine's order instead (`plan` uses it): a decode step begins
+on the first stage once the last stage has finished the previous one.
+
+Runs of identical steps are not expanded: each is simulated for a few steps until every stage
+advances by a fixed amount per step (the pipeline's transient lasts about as many steps as
+there are stages), then extrapolated, so the cost does not grow with the decode length.
+
+Two levels: given the ranks per node (consecutive ranks per node, TP innermost: global rank =
+pp_rank x tp + tp_rank), a TP group whose ranks lie on more than one node, or a transfer
+between stages on different nodes, uses the inter-node fits.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from microbench.argtypes import UsageError
-from microbench.sweep.busbw import SweepOp, pattern_message
-from patterns import OpKind, Pattern, Phase
+from microbench.sweep.busbw import SweepOp, busbw_factor, pattern_message
+from patterns import Op, OpKind, Pattern, Phase
 
 MIN_POINTS = 3
 SPLIT_GAIN = 0.5
 MIN_RMS = 0.02
+# A point more than 5x outside what both neighbours allow is an outlier; 10x at either end,
+# where one neighbour alone cannot tell a change of regime from noise.
+OUTLIER = 5.0
+OUTLIER_END = 10.0
 
 
 @dataclass(frozen=True)
@@ -50,6 +80,8 @@ class Fit:
     points: int
     min_bytes: int
     max_bytes: int
+    dropped: tuple[int, ...] = ()  # sizes left out as outliers
+    scaled_from: int | None = None  # group size swept, when this fit is scaled from it
 
     def time_us(self, size_bytes: float) -> float:
         piece = self.pieces[0]
@@ -62,6 +94,7 @@ class Fit:
         return {"op": self.op, "group_size": self.group_size, "points": self.points,
                 "rms_rel_error": round(self.rms_rel_error, 6),
                 "min_bytes": self.min_bytes, "max_bytes": self.max_bytes,
+                "dropped_bytes": list(self.dropped),
                 "pieces": [{"from_bytes": p.from_bytes, "alpha_us": round(p.alpha_us, 6),
                             "beta_us_per_byte": p.beta_us_per_byte} for p in self.pieces]}
 
@@ -80,12 +113,45 @@ def fit_line(x: np.ndarray, t: np.ndarray) -> tuple[float, float, float]:
     return float(alpha), float(beta), error
 
 
+def _miss(x: np.ndarray, t: np.ndarray, i: int, j: int) -> float:
+    """How far t[i] lies outside what neighbour j allows: between flat (latency-bound) and
+    proportional to size (bandwidth-bound) from t[j]; 1 or less inside that band."""
+    scale = x[i] / x[j]
+    low, high = t[j] * min(1.0, scale), t[j] * max(1.0, scale)
+    return float(max(low / t[i], t[i] / high))
+
+
+def drop_outliers(x: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """Leave out, one at a time, a point that every neighbour disowns: more than OUTLIER
+    times outside the band each size beside it allows (OUTLIER_END at an end, which has one
+    neighbour), while enough points stay. A median that a descheduled rank spoiled (8 ms for
+    a 4 KiB allreduce of 23 us) would otherwise bend the whole line; a change of regime (out
+    of cache, another protocol, a token bucket running dry) agrees with the sizes on its own
+    side, and stays."""
+    dropped: list[int] = []
+    while x.size > MIN_POINTS + 1 and np.unique(x).size == x.size:
+        scores = []
+        for i in range(x.size):
+            sides = [j for j in (i - 1, i + 1) if 0 <= j < x.size]
+            limit = OUTLIER if len(sides) == 2 else OUTLIER_END
+            scores.append(min(_miss(x, t, i, j) for j in sides) / limit)
+        worst = int(np.argmax(scores))
+        if scores[worst] <= 1:
+            break
+        dropped.append(int(x[worst]))
+        keep = np.arange(x.size) != worst
+        x, t = x[keep], t[keep]
+    return x, t, dropped
+
+
 def fit_points(op: str, group_size: int, sizes: list[int], times: list[float]) -> Fit:
     order = np.argsort(sizes, kind="stable")
     x = np.asarray(sizes, dtype=np.float64)[order]
     t = np.asarray(times, dtype=np.float64)[order]
     if np.any(t <= 0):
         raise UsageError(f"{op} over {group_size} ranks: a time of zero or less in the sweep")
+    swept = int(x[0]), int(x[-1])  # a left-out size was still swept: no extrapolation
+    x, t, dropped = drop_outliers(x, t)
     alpha, beta, error = fit_line(x, t)
     pieces: tuple[Piece, ...] = (Piece(int(x[0]), alpha, beta),)
     best = None
@@ -101,7 +167,17 @@ def fit_points(op: str, group_size: int, sizes: list[int], times: list[float]) -
         total, k, lo, hi = best
         pieces = (Piece(int(x[0]), lo[0], lo[1]), Piece(int(x[k]), hi[0], hi[1]))
         rms = float(np.sqrt(total / x.size))
-    return Fit(op, group_size, pieces, rms, int(x.size), int(x[0]), int(x[-1]))
+    return Fit(op, group_size, pieces, rms, int(x.size), swept[0], swept[1],
+               tuple(sorted(dropped)))
+
+
+def fit_levels(rows: list[dict[str, Any]]) -> dict[str, dict[tuple[str, int], Fit]]:
+    """Fits per placement level ("intra", "inter") from sweep.csv rows; rows without a
+    level (one node) are intra."""
+    by_level: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_level.setdefault(r.get("level") or "intra", []).append(r)
+    return {level: fit_sweep(level_rows) for level, level_rows in by_level.items()}
 
 
 def fit_sweep(rows: list[dict[str, Any]]) -> dict[tuple[str, int], Fit]:
@@ -114,51 +190,310 @@ def fit_sweep(rows: list[dict[str, Any]]) -> dict[tuple[str, int], Fit]:
     return {key: fit_points(key[0], key[1], s, t) for key, (s, t) in points.items()}
 
 
-def _fit_for(fits: dict[tuple[str, int], Fit], op: SweepOp, n: int) -> Fit:
+FitTable = dict[tuple[str, int], Fit]
+LEVELS = ("intra", "inter")
+TRANSIENT_STEPS = 4  # steps simulated beyond the stage count before extrapolating
+# An average relative error above this makes a fit untrustworthy; `predict` says so.
+LARGE_RMS = 0.25
+
+
+def scaled(fit: Fit, n: int) -> Fit:
+    """A fit for a group of n ranks from one of another size, by the ring algorithms'
+    model: n - 1 latency steps where the sweep had its own count, and the same bus bandwidth
+    (nccl-tests' factors, busbw.py), so the cost per byte scales with the factor. Rough: a
+    library may pick a tree or another protocol at n; the output says when it is used."""
+    steps = (n - 1) / (fit.group_size - 1)
+    op = SweepOp(fit.op)
+    per_byte = busbw_factor(op, n) / busbw_factor(op, fit.group_size)
+    pieces = tuple(Piece(p.from_bytes, p.alpha_us * steps, p.beta_us_per_byte * per_byte)
+                   for p in fit.pieces)
+    return Fit(fit.op, n, pieces, fit.rms_rel_error, fit.points, fit.min_bytes,
+               fit.max_bytes, fit.dropped, fit.group_size)
+
+
+def _fit_for(fits: FitTable, op: SweepOp, n: int) -> Fit:
     if (op.value, n) in fits:
         return fits[(op.value, n)]
-    if op == SweepOp.SENDRECV:  # a pair is two ranks; a ring of more is the next best
-        rings = sorted(k[1] for k in fits if k[0] == op.value)
-        if rings:
-            return fits[(op.value, rings[0])]
+    swept = sorted(k[1] for k, f in fits.items()
+                   if k[0] == op.value and f.scaled_from is None)
+    if op in (SweepOp.SENDRECV, SweepOp.STREAM):  # a pair; a ring of more is next best
+        if swept:
+            return fits[(op.value, swept[0])]
+    elif swept:  # the nearest swept group size, scaled (and cached for the next call)
+        nearest = min(swept, key=lambda g: (abs(g - n), -g))
+        fits[(op.value, n)] = scaled(fits[(op.value, nearest)], n)
+        return fits[(op.value, n)]
     have = ", ".join(f"{o} n={g}" for o, g in sorted(fits)) or "nothing"
     raise UsageError(f"the sweep has no {op} over {n} ranks (it has {have}); run "
                      f"`infercomm sweep --op {op} --nproc {n}` or --from-pattern")
 
 
-def call_time_us(fits: dict[tuple[str, int], Fit], op: Any) -> float:
+@dataclass
+class Topology:
+    """Where ranks sit, and the fits of each level; ranks_per_node None: one node."""
+
+    intra: FitTable
+    inter: FitTable | None = None
+    ranks_per_node: int | None = None
+    used: set[str] = field(default_factory=set)  # levels a prediction used
+    # (sweep op, size, fit id) -> the fit a prediction read, for its notes
+    fits_seen: dict[tuple[str, int, int], Fit] = field(default_factory=dict)
+
+    def fits(self, ranks: list[int]) -> FitTable:
+        rpn = self.ranks_per_node
+        level = "intra" if rpn is None or len({r // rpn for r in ranks}) == 1 else "inter"
+        self.used.add(level)
+        if level == "intra":
+            return self.intra
+        if self.inter is None:
+            raise UsageError(f"ranks {ranks} lie on more than one node of {rpn} ranks, and "
+                             "no inter-node fits were given; pass --sweep-inter SWEEP_RUN "
+                             "(a sweep across two nodes)")
+        return self.inter
+
+
+def topology_from(rows: list[dict[str, Any]], inter_rows: list[dict[str, Any]] | None,
+                  ranks_per_node: int | None) -> Topology:
+    """Intra fits from a sweep's one-node rows; inter fits from its rows that span nodes, or
+    from a second sweep run across nodes (its spanning rows where it labels them, else all)."""
+    levels = fit_levels(rows)
+    if "intra" not in levels:
+        raise UsageError("the sweep has no rows within one node; pass a one-node sweep as "
+                         "--sweep and the one across nodes as --sweep-inter")
+    inter = levels.get("inter")
+    if inter_rows is not None:
+        other = fit_levels(inter_rows)
+        inter = other.get("inter") or other.get("intra")
+    return Topology(levels["intra"], inter, ranks_per_node)
+
+
+def call_time_us(fits: FitTable, op: Op) -> float:
+    """One call's time in isolation: a collective's fit, or a transfer's latency."""
     kind, size, _, n = pattern_message(op)
     t = _fit_for(fits, kind, n).time_us(size)
     return t / 2 if op.kind in (OpKind.SEND, OpKind.RECV) else t
 
 
-def predict_pattern(pattern: Pattern, fits: dict[tuple[str, int], Fit],
-                    ) -> tuple[dict[str, float], list[str]]:
-    """Predicted prefill, decode step, end to end and per op kind (each the stage with the
-    largest figure, as replay reports the slowest rank's), and notes on extrapolation."""
-    steps = pattern.workload.decode_steps
-    per_stage: list[dict[str, float]] = []
-    notes: set[str] = set()
+def gap_us(fits: FitTable, op: Op) -> float:
+    """A transfer's gap: the stream fit where the sweep has one, else its latency."""
+    if any(k[0] == SweepOp.STREAM.value for k in fits):
+        _, size, _, n = pattern_message(op)
+        return _fit_for(fits, SweepOp.STREAM, n).time_us(size)
+    return call_time_us(fits, op)
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One call of one stage: what it costs the stage's clock, and for a transfer, its
+    latency and the other stage."""
+
+    kind: str
+    busy_us: float
+    latency_us: float = 0.0
+    peer_stage: int | None = None
+
+
+class Costs:
+    """Each distinct (stage, op)'s cost, computed once (patterns repeat a handful of ops)."""
+
+    def __init__(self, pattern: Pattern, topology: Topology) -> None:
+        self.layout, self.topology = pattern.layout, topology
+        self.cache: dict[tuple[int, Op], Cost] = {}
+        self.fits_seen = topology.fits_seen
+
+    def _note(self, fits: FitTable, op: Op, kind: SweepOp | None = None) -> None:
+        k, size, _, n = pattern_message(op)
+        kind = kind or k
+        fit = _fit_for(fits, kind, n)
+        self.fits_seen[(kind.value, size, id(fit))] = fit
+
+    def of(self, stage: int, op: Op) -> Cost:
+        key = (stage, op)
+        cost = self.cache.get(key)
+        if cost is None:
+            cost = self.cache[key] = self._cost(stage, op)
+        return cost
+
+    def _cost(self, stage: int, op: Op) -> Cost:
+        tp = self.layout.tp
+        if op.kind in (OpKind.SEND, OpKind.RECV):
+            peer = op.peer if op.peer is not None else stage
+            # Every TP rank of the stage sends to its counterpart; the slowest pair counts.
+            pairs = [[stage * tp + r, peer * tp + r] for r in range(tp)]
+            levels = [self.topology.fits(p) for p in pairs]
+            fits = next((f for f in levels if f is self.topology.inter), levels[0])
+            self._note(fits, op)
+            if any(k[0] == SweepOp.STREAM.value for k in fits):
+                self._note(fits, op, SweepOp.STREAM)
+            return Cost(op.kind.value, gap_us(fits, op), call_time_us(fits, op), peer)
+        fits = self.topology.fits(list(range(stage * tp, stage * tp + op.group_size)))
+        self._note(fits, op)
+        return Cost(op.kind.value, call_time_us(fits, op))
+
+
+class Pipeline:
+    """Every stage's clock, per-kind totals and the transfers in flight between stages."""
+
+    def __init__(self, stages: int) -> None:
+        self.clock = [0.0] * stages
+        self.kinds: list[dict[str, float]] = [{} for _ in range(stages)]
+        self.arrivals: dict[tuple[int, int], list[float]] = {}  # (from, to) -> FIFO
+
+    def issue(self, stage: int, cost: Cost) -> None:
+        before = self.clock[stage]
+        if cost.kind == OpKind.SEND:
+            queue = self.arrivals.setdefault((stage, cost.peer_stage or 0), [])
+            queue.append(before + cost.latency_us)
+            self.clock[stage] = before + cost.busy_us
+        elif cost.kind == OpKind.RECV:
+            queue = self.arrivals.get((cost.peer_stage or 0, stage))
+            if not queue:
+                raise UsageError(f"stage {stage} receives from stage {cost.peer_stage} "
+                                 "before it sends: the pattern's steps do not pair up")
+            self.clock[stage] = max(before + cost.busy_us, queue.pop(0))
+        else:
+            self.clock[stage] = before + cost.busy_us
+        kinds = self.kinds[stage]
+        kinds[cost.kind] = kinds.get(cost.kind, 0.0) + self.clock[stage] - before
+
+    def step(self, ops: list[list[Cost]]) -> None:
+        """One step of every stage, in an order that respects each transfer: a stage issues
+        calls until a recv whose data is not yet sent, then the next stage takes over."""
+        position = [0] * len(ops)
+        while True:
+            progressed = False
+            for s, stage_ops in enumerate(ops):
+                while position[s] < len(stage_ops):
+                    cost = stage_ops[position[s]]
+                    if cost.kind == OpKind.RECV and not self.arrivals.get(
+                            (cost.peer_stage or 0, s)):
+                        break
+                    self.issue(s, cost)
+                    position[s] += 1
+                    progressed = True
+            if all(p == len(o) for p, o in zip(position, ops, strict=True)):
+                return
+            if not progressed:
+                raise UsageError("the pattern's stages wait on each other's recvs in a cycle")
+
+    def snapshot(self) -> tuple[list[float], list[dict[str, float]]]:
+        return list(self.clock), [dict(k) for k in self.kinds]
+
+
+def _runs_by_step(pattern: Pattern) -> list[tuple[Phase, int, list[list[Op]]]]:
+    """The stages' runs aligned: (phase, repeat, ops of each stage) for each stretch of steps
+    over which no stage changes what it issues."""
+    bounds: set[int] = set()
     for runs in pattern.stages:
-        figures = {"prefill_us": 0.0, "decode_us": 0.0}
+        at = 0
         for run in runs:
-            for op in run.step.ops:
-                t = call_time_us(fits, op) * run.repeat
-                phase = "prefill_us" if run.phase == Phase.PREFILL else "decode_us"
-                figures[phase] += t
-                figures[f"{op.kind.value}_us"] = figures.get(f"{op.kind.value}_us", 0.0) + t
-                kind, size, _, n = pattern_message(op)
-                fit = _fit_for(fits, kind, n)
-                if not fit.min_bytes <= size <= fit.max_bytes:
-                    notes.add(f"{kind} {size} B lies outside the swept {fit.min_bytes}-"
-                              f"{fit.max_bytes} B over {fit.group_size} ranks: extrapolated")
-        figures["e2e_us"] = figures["prefill_us"] + figures["decode_us"]
-        per_stage.append(figures)
-    keys = list(dict.fromkeys(k for f in per_stage for k in f))
-    out = {k: max(f.get(k, 0.0) for f in per_stage) for k in keys}
+            at += run.repeat
+            bounds.add(at)
+    out: list[tuple[Phase, int, list[list[Op]]]] = []
+    cursors = [(0, 0) for _ in pattern.stages]  # (run index, steps used of it)
+    at = 0
+    for end in sorted(bounds):
+        ops, phase = [], Phase.PREFILL
+        for s, runs in enumerate(pattern.stages):
+            i, used = cursors[s]
+            run = runs[i]
+            phase = run.phase
+            ops.append(list(run.step.ops))
+            used += end - at
+            cursors[s] = (i + 1, 0) if used == run.repeat else (i, used)
+        out.append((phase, end - at, ops))
+        at = end
+    return out
+
+
+def simulate(pattern: Pattern, topology: Topology, token_order: bool = False,
+             ) -> tuple[list[float], list[float], list[dict[str, float]]]:
+    """(each stage's clock at the end of the prefill, at the end, per-kind time).
+
+    token_order: the engine's order, where a decode step begins on the first stage only once
+    the last stage has sampled the previous step's token (the transfer of that token is not
+    in the pattern and costs nothing here); without it, the replay's order."""
+    costs = Costs(pattern, topology)
+    pipe = Pipeline(len(pattern.stages))
+    prefill_end: list[float] | None = None
+    settle = len(pattern.stages) + TRANSIENT_STEPS
+    for phase, repeat, ops in _runs_by_step(pattern):
+        if phase == Phase.DECODE and prefill_end is None:
+            prefill_end = list(pipe.clock)
+        step_costs = [[costs.of(s, op) for op in stage_ops] for s, stage_ops in enumerate(ops)]
+        simulated = min(repeat, settle)
+        before = pipe.snapshot()
+        for _ in range(simulated):
+            before = pipe.snapshot()
+            if token_order and phase == Phase.DECODE:
+                pipe.clock[0] = max(pipe.clock[0], pipe.clock[-1])
+            pipe.step(step_costs)
+        left = repeat - simulated
+        if left:  # steady state: every stage advances as much each step as in the last
+            clock, kinds = pipe.snapshot()
+            for s in range(len(clock)):
+                pipe.clock[s] += left * (clock[s] - before[0][s])
+                for k, v in kinds[s].items():
+                    pipe.kinds[s][k] = v + left * (v - before[1][s].get(k, 0.0))
+    if prefill_end is None:
+        prefill_end = list(pipe.clock)
+    return prefill_end, list(pipe.clock), pipe.kinds
+
+
+def predict_pattern(pattern: Pattern, fits: FitTable | Topology, token_order: bool = False,
+                    ) -> tuple[dict[str, float], list[str]]:
+    """Predicted prefill, decode step, end to end and per op kind, each the slowest stage's
+    as replay reports the slowest rank's, and notes on extrapolation and bad fits.
+    token_order: decode steps in the engine's order (`simulate`), not the replay's."""
+    topology = fits if isinstance(fits, Topology) else Topology(fits)
+    steps = pattern.workload.decode_steps
+    prefill_end, end, kinds = simulate(pattern, topology, token_order)
+    out: dict[str, float] = {
+        "prefill_us": max(prefill_end),
+        "decode_us": max(e - p for e, p in zip(end, prefill_end, strict=True)),
+        "e2e_us": max(end)}
+    for k in sorted({k for stage in kinds for k in stage}):
+        out[f"{k}_us"] = max(stage.get(k, 0.0) for stage in kinds)
     out["decode_step_us"] = out["decode_us"] / steps if steps else 0.0
+    notes: set[str] = set()
+    outside: dict[int, tuple[Fit, list[int]]] = {}
+    for (_, size, _), fit in topology.fits_seen.items():
+        if not fit.min_bytes <= size <= fit.max_bytes:
+            outside.setdefault(id(fit), (fit, []))[1].append(size)
+    for fit, sizes in outside.values():
+        notes.add(f"{fit.op} over {fit.group_size} ranks: {len(sizes)} size(s) from "
+                  f"{min(sizes)} to {max(sizes)} B outside the swept {fit.min_bytes}-"
+                  f"{fit.max_bytes} B: extrapolated")
+    for fit in {id(f): f for f in topology.fits_seen.values()}.values():
+        if fit.scaled_from is not None:
+            notes.add(f"{fit.op} over {fit.group_size} ranks: scaled from the sweep's "
+                      f"{fit.scaled_from} ranks ({fit.group_size - 1} ring steps where it "
+                      f"had {fit.scaled_from - 1}, same bus bandwidth); sweep "
+                      f"{fit.group_size} ranks to measure it")
+        if fit.rms_rel_error > LARGE_RMS:
+            notes.add(f"the {fit.op} fit over {fit.group_size} ranks is off by "
+                      f"{100 * fit.rms_rel_error:.0f}% on average: its prediction is rough")
     headline = ("prefill_us", "decode_step_us", "e2e_us")
     ordered = [*headline, *sorted(k for k in out if k not in (*headline, "decode_us"))]
     if not steps:
         ordered.remove("decode_step_us")
     return {k: out[k] for k in ordered}, sorted(notes)
+
+
+def caveats(sweep_meta: dict[str, Any], pattern: Pattern,
+            replay_meta: dict[str, Any] | None) -> list[str]:
+    """What makes a sweep a poor witness for a prediction: another backend, transport,
+    device or world than the replay's, or (without a replay) fewer ranks than the pattern."""
+    out = []
+    if replay_meta is not None:
+        for key in ("backend", "transport", "device", "world_size"):
+            a, b = sweep_meta.get(key), replay_meta.get(key)
+            if a is not None and b is not None and a != b:
+                out.append(f"the sweep ran with {key} {a} and the replay with {b}: the "
+                           "prediction prices another setup than the one measured")
+    world = sweep_meta.get("world_size")
+    if world is not None and replay_meta is None and world != pattern.layout.world_size:
+        out.append(f"the sweep ran on {world} ranks and the pattern has "
+                   f"{pattern.layout.world_size}: contention between its groups is not "
+                   "in the fits")
+    return out

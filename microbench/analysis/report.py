@@ -134,7 +134,7 @@ def _pattern_or_note(label: str, run: RunFolder, notes: list[str]) -> Pattern | 
 
 def predicted_rows(runs: list[tuple[str, RunFolder]], sweep: RunFolder,
                    notes: list[str]) -> list[dict[str, Any]]:
-    from microbench.analysis.predict import fit_sweep, predict_pattern
+    from microbench.analysis.predict import caveats, fit_sweep, predict_pattern
 
     fits = fit_sweep(sweep_table(sweep))
     rows = []
@@ -144,10 +144,53 @@ def predicted_rows(runs: list[tuple[str, RunFolder]], sweep: RunFolder,
         pattern = _pattern_or_note(label, run, notes)
         if pattern is None:
             continue
+        notes += [f"{label}: {c}" for c in caveats(sweep.meta, pattern, run.meta)]
         predicted, _ = predict_pattern(pattern, fits)
         measured = {k: float(np.median(v)) for k, v in replay_samples(run).items()}
         rows += [{"label": f"{label} {k}", "metric": k, "predicted_us": v,
                   "measured_us": measured.get(k)} for k, v in predicted.items()]
+    return rows
+
+
+def plan_rows(runs: list[tuple[str, RunFolder]], sweep: RunFolder,
+              notes: list[str]) -> list[dict[str, Any]]:
+    """Every layout of each replayed pattern's world, predicted from the sweep in the
+    replay's order (so that replays can be read against it), with the measured replays of
+    the same model and workload beside their layout."""
+    from microbench.analysis.predict import fit_sweep, predict_pattern
+
+    fits = fit_sweep(sweep_table(sweep))
+    groups: dict[str, tuple[Pattern, dict[str, list[str]]]] = {}
+    for label, run in runs:
+        pattern = _pattern_or_note(label, run, [])
+        if pattern is None:
+            continue
+        key = json.dumps([pattern.model.name, pattern.layout.world_size, pattern.engine,
+                          repr(pattern.workload), repr(pattern.options)])
+        _, measured = groups.setdefault(key, (pattern, {}))
+        measured.setdefault(_name(pattern.layout), []).append(label)
+    rows = []
+    for pattern, measured in groups.values():
+        title = (f"{pattern.model.name}, {pattern.layout.world_size} ranks, prompt "
+                 f"{pattern.workload.prompt}, decode {pattern.workload.decode}")
+        for layout in layouts_for(pattern):
+            try:
+                other = generate(pattern.engine, pattern.model, layout, pattern.workload,
+                                 pattern.options)
+                predicted, _ = predict_pattern(other, fits)
+            except (ConfigError, UsageError) as err:
+                notes.append(f"plan {title}, {_name(layout)}: not predicted: {err}")
+                continue
+            row = {"group": title, "layout": _name(layout),
+                   "predicted_e2e_us": predicted["e2e_us"],
+                   "predicted_prefill_us": predicted["prefill_us"],
+                   "predicted_decode_step_us": predicted.get("decode_step_us"),
+                   "measured": []}
+            for label in measured.get(_name(layout), []):
+                run = dict(runs)[label]
+                row["measured"].append({"label": label, "e2e_us": float(
+                    np.median(replay_samples(run)["e2e_us"]))})
+            rows.append(row)
     return rows
 
 
@@ -223,6 +266,19 @@ def build(paths: list[RunFolder], sweep: RunFolder | None, threshold: float,
         entries.append(Entry("predicted_vs_measured", "Predicted vs measured",
                              figures.predicted_vs_measured(predicted),
                              f"alpha-beta fits of sweep {sweep.name} summed over the pattern."))
+    layouts = plan_rows(replays, sweep, notes) if sweep is not None and replays else []
+    if layouts and sweep is not None:
+        tables["plan"] = layouts
+        groups = list(dict.fromkeys(r["group"] for r in layouts))
+        for i, group in enumerate(groups):
+            rows = [r for r in layouts if r["group"] == group]
+            name = "plan_layouts" + (f"_{i + 1}" if len(groups) > 1 else "")
+            entries.append(Entry(name, f"Layouts: {group}",
+                                 figures.plan_layouts(rows, group),
+                                 f"Every layout of the world, end to end predicted from sweep "
+                                 f"{sweep.name} (bars; the replay's order), and the replays "
+                                 "measured of that layout (markers, median). Communication "
+                                 "only."))
     tables["runs"] = runs
     return entries, tables
 
@@ -279,6 +335,18 @@ def render_html(entries: list[Entry], tables: dict[str, Any]) -> str:
         parts.append(_table(["metric", "predicted", "measured"],
                             [[r["label"], _us(r["predicted_us"]), _us(r["measured_us"])]
                              for r in tables["predicted"]]))
+    if "plan" in tables:
+        parts.append("<h2>Layouts (plan)</h2>")
+        parts.append("<p>Communication only: the floor under TTFT and TPOT that no kernel "
+                     "removes. Predicted in the replay's order, so measured replays can be "
+                     "read against it.</p>")
+        parts.append(_table(["pattern", "layout", "prefill", "decode step", "end to end",
+                             "measured end to end"],
+                            [[r["group"], r["layout"], _us(r["predicted_prefill_us"]),
+                              _us(r["predicted_decode_step_us"]), _us(r["predicted_e2e_us"]),
+                              ", ".join(f"{m['label']} {_us(m['e2e_us'])}"
+                                        for m in r["measured"]) or "-"]
+                             for r in tables["plan"]]))
     for note in tables["notes"]:
         parts.append(f"<p>Note: {html.escape(note)}</p>")
     parts.append("<h2>Figures</h2>")

@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "microbench.cli.sweep",
     "microbench.cli.compare",
     "microbench.cli.predict",
+    "microbench.cli.plan",
     "microbench.cli.report",
     "microbench.cli.trace",
     "microbench.cli.validate",

@@ -8,12 +8,16 @@ from patterns.engines import DEFAULT_ENGINE
 from patterns.pattern import GPUS, MODEL_RUNNERS
 
 
-def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
+def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True,
+                          layout: bool = True) -> None:
+    """layout=False: no --tp/--pp (`plan` tries every layout itself)."""
     group = parser.add_argument_group("pattern")
     group.add_argument("--model", required=required,
                        help="preset name (see `infercomm models`) or path of a config.json")
-    group.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size")
-    group.add_argument("--pp", type=positive_int, default=1, help="pipeline-parallel size")
+    if layout:
+        group.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size")
+        group.add_argument("--pp", type=positive_int, default=1,
+                           help="pipeline-parallel size")
     group.add_argument("--prompt", type=positive_int, required=required,
                        help="prompt length Sp, tokens per request")
     group.add_argument("--decode", type=positive_int, required=required,

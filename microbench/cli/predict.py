@@ -2,14 +2,22 @@
 
 import argparse
 import json
+import sys
 from typing import Any
 
 import numpy as np
 
-from microbench.analysis.predict import Fit, fit_sweep, predict_pattern
-from microbench.argtypes import UsageError
+from microbench.analysis.predict import (
+    LARGE_RMS,
+    Fit,
+    Topology,
+    caveats,
+    predict_pattern,
+    topology_from,
+)
+from microbench.argtypes import UsageError, positive_int
 from microbench.cli.pattern_args import add_pattern_arguments, pattern_from_args
-from microbench.results.runs import load_run, replay_samples, run_pattern, sweep_table
+from microbench.results.runs import RunFolder, load_run, replay_samples, run_pattern, sweep_table
 from microbench.views.pattern import title
 from microbench.views.textfmt import format_bytes, format_us, render_table
 from patterns import Pattern
@@ -20,8 +28,13 @@ examples:
   infercomm predict --sweep results/SWEEP --against results/REPLAY   (the replay's pattern)
 
 Each call's time is alpha + bytes x beta of its collective and group size, fitted to the
-sweep (piecewise where the sweep bends); send and recv are half a sendrecv iteration. A
-figure is the stage with the largest one, as replay reports the slowest rank's.
+sweep (piecewise where the sweep bends; a point 5x off what the sizes beside it allow, 10x
+at either end, is left out and named). A transfer between stages costs its stage a stream
+iteration and arrives half a sendrecv iteration after it began; a recv waits for its data,
+so a figure is the critical path through the stages, the slowest rank's as replay reports
+it. Across nodes
+(--ranks-per-node, consecutive ranks per node, TP innermost) a group that spans nodes uses
+the --sweep-inter fits. A sweep of another backend or world than the replay is said loudly.
 """
 
 
@@ -33,6 +46,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sweep", required=True, metavar="SWEEP_RUN",
                         help="the sweep run folder to fit")
+    parser.add_argument("--sweep-inter", default=None, metavar="SWEEP_RUN",
+                        help="a sweep across nodes: its fits price the groups and transfers "
+                             "that span nodes")
+    parser.add_argument("--ranks-per-node", type=positive_int, default=None, metavar="N",
+                        help="ranks per node (consecutive ranks per node; default: all on one "
+                             "node)")
     parser.add_argument("--against", default=None, metavar="REPLAY_RUN",
                         help="a replay run: show its measured times beside the prediction "
                              "(its pattern is used when no --model is given)")
@@ -40,38 +59,55 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def measured_medians(path: str) -> tuple[Pattern | None, dict[str, float]]:
+def measured_medians(path: str) -> tuple[RunFolder, Pattern | None, dict[str, float]]:
     replay = load_run(path)
     if replay.kind != "replay":
         raise UsageError(f"--against {path}: a {replay.kind} run; pass a replay run")
-    return run_pattern(replay), {k: float(np.median(v))
-                                 for k, v in replay_samples(replay).items()}
+    return replay, run_pattern(replay), {k: float(np.median(v))
+                                         for k, v in replay_samples(replay).items()}
 
 
-def fits_table(fits: dict[tuple[str, int], Fit]) -> str:
+def load_sweep(flag: str, path: str) -> RunFolder:
+    sweep = load_run(path)
+    if sweep.kind != "sweep":
+        raise UsageError(f"{flag} {path}: a {sweep.kind} run; pass a sweep run")
+    return sweep
+
+
+def all_fits(topology: Topology) -> list[tuple[str, Fit]]:
+    return ([("intra", f) for f in topology.intra.values()]
+            + [("inter", f) for f in (topology.inter or {}).values()])
+
+
+def fits_table(topology: Topology) -> str:
     rows = []
-    for fit in fits.values():
+    for level, fit in all_fits(topology):
         for i, p in enumerate(fit.pieces):
             upper = fit.pieces[i + 1].from_bytes if i + 1 < len(fit.pieces) else None
             span = f">= {format_bytes(p.from_bytes)}" + (
                 f", < {format_bytes(upper)}" if upper else "")
-            gbps = f"{1e-3 / p.beta_us_per_byte:.3f}" if p.beta_us_per_byte > 0 else "inf"
-            rows.append([fit.op, str(fit.group_size), span, f"{p.alpha_us:.2f}", gbps,
-                         f"{100 * fit.rms_rel_error:.1f}%", str(fit.points)])
-    return render_table(["op", "ranks", "sizes", "alpha(us)", "1/beta(GB/s)", "rms error",
-                         "points"], rows,
+            # A flat piece saw no cost per byte in its sizes: no bandwidth to state.
+            gbps = f"{1e-3 / p.beta_us_per_byte:.3f}" if p.beta_us_per_byte > 0 else "-"
+            flag = " LARGE" if fit.rms_rel_error > LARGE_RMS else ""
+            dropped = ",".join(format_bytes(d) for d in fit.dropped) or "-"
+            ranks = str(fit.group_size) + (f" (scaled from {fit.scaled_from})"
+                                           if fit.scaled_from is not None else "")
+            rows.append([level, fit.op, ranks, span, f"{p.alpha_us:.2f}", gbps,
+                         f"{100 * fit.rms_rel_error:.1f}%{flag}", str(fit.points), dropped])
+    return render_table(["level", "op", "ranks", "sizes", "alpha(us)", "1/beta(GB/s)",
+                         "rms error", "points", "outliers left out"], rows,
                         right_align={"ranks", "alpha(us)", "1/beta(GB/s)", "rms error",
                                      "points"})
 
 
 def run(args: argparse.Namespace) -> int:
-    sweep = load_run(args.sweep)
-    if sweep.kind != "sweep":
-        raise UsageError(f"--sweep {args.sweep}: a {sweep.kind} run; pass a sweep run")
+    sweep = load_sweep("--sweep", args.sweep)
+    inter = load_sweep("--sweep-inter", args.sweep_inter) if args.sweep_inter else None
     measured: dict[str, float] = {}
     pattern = None
+    replay = None
     if args.against is not None:
-        pattern, measured = measured_medians(args.against)
+        replay, pattern, measured = measured_medians(args.against)
     if args.model is not None:
         missing = [f"--{n}" for n in ("prompt", "decode") if getattr(args, n) is None]
         if missing:
@@ -80,8 +116,18 @@ def run(args: argparse.Namespace) -> int:
     if pattern is None:
         raise UsageError("give the pattern options (--model, --prompt, --decode, ...) or "
                          "--against REPLAY_RUN")
-    fits = fit_sweep(sweep_table(sweep))
-    predicted, notes = predict_pattern(pattern, fits)
+    if inter is not None and args.ranks_per_node is None:
+        raise UsageError("--sweep-inter prices groups that span nodes; say where ranks sit "
+                         "with --ranks-per-node N")
+    topology = topology_from(sweep_table(sweep), sweep_table(inter) if inter else None,
+                             args.ranks_per_node)
+    predicted, notes = predict_pattern(pattern, topology)
+    warnings = caveats(sweep.meta, pattern, replay.meta if replay is not None else None)
+    for w in warnings:
+        sys.stderr.write(f"infercomm predict: warning: {w}\n")
+    dropped = [f"{f.op} over {f.group_size} ranks: left out {format_bytes(d)} (more than "
+               f"5x off what the sizes beside it allow)"
+               for _, f in all_fits(topology) for d in f.dropped]
     header = ["metric", "predicted"] + (["measured", "measured/predicted"] if measured else [])
     rows = []
     for metric, value in predicted.items():
@@ -93,15 +139,24 @@ def run(args: argparse.Namespace) -> int:
         rows.append(row)
     print("\n".join([
         "predict: " + title(pattern),
-        f"from sweep {sweep.path} ({sweep.describe()})", "", fits_table(fits), "",
+        f"from sweep {sweep.path} ({sweep.describe()})",
+        *([f"inter-node fits from {inter.path} ({inter.describe()})"] if inter else []),
+        "", fits_table(topology), "",
         render_table(header, rows, right_align=set(header) - {"metric"}),
-        *[f"note: {n}" for n in notes]]))
+        *[f"note: {n}" for n in [*dropped, *notes]],
+        *[f"WARNING: {w}" for w in warnings]]))
     last: dict[str, Any] = {"sweep": str(sweep.path), "model": pattern.model.name,
                             "tp": pattern.layout.tp, "pp": pattern.layout.pp,
                             "prompt": pattern.workload.prompt,
                             "decode": pattern.workload.decode,
                             "predicted": {k: round(v, 3) for k, v in predicted.items()},
-                            "fits": [f.as_dict() for f in fits.values()], "notes": notes}
+                            "fits": [{**f.as_dict(), "level": level}
+                                     for level, f in all_fits(topology)],
+                            "levels_used": sorted(topology.used),
+                            "notes": [*dropped, *notes], "warnings": warnings}
+    if inter is not None:
+        last["sweep_inter"] = str(inter.path)
+        last["ranks_per_node"] = args.ranks_per_node
     if measured:
         last["against"] = args.against
         last["measured"] = {k: round(v, 3) for k, v in measured.items()}

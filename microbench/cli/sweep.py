@@ -4,6 +4,7 @@ import argparse
 import json
 import socket
 import sys
+from dataclasses import replace
 from typing import Any
 
 from microbench.argtypes import UsageError, byte_size, positive_int
@@ -72,6 +73,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     sweep.add_argument("--from-pattern", action="store_true",
                        help="the distinct messages of a pattern (give the pattern options), "
                             "each over a group of its size: the first group_size ranks")
+    sweep.add_argument("--ranks-per-node", type=positive_int, default=None, metavar="N",
+                       help="placement: ranks 0..N-1 on the first node, N..2N-1 on the next "
+                            "(default: the hosts the ranks ran on); each row's `level` says "
+                            "whether its group stays on one node (intra) or spans nodes "
+                            "(inter), and with N below the world every op is also swept over "
+                            "the first N ranks, on one node")
     sweep.add_argument("--label", default=None,
                        help="run folder label (default sweep-BACKEND-TRANSPORT-wWORLD)")
     add_pattern_arguments(parser, required=False)
@@ -124,12 +131,20 @@ def cases_for(args: argparse.Namespace, pattern: Pattern | None,
             args.minbytes if args.minbytes is not None else DEFAULT_MIN,
             args.maxbytes if args.maxbytes is not None else DEFAULT_MAX,
             args.stepfactor or DEFAULT_FACTOR)
-        cases, skipped = size_cases(args.op or [SweepOp.ALLREDUCE], sizes, dtype, world)
+        ops = args.op or [SweepOp.ALLREDUCE]
+        cases, skipped = size_cases(ops, sizes, dtype, world)
+        rpn = getattr(args, "ranks_per_node", None)
+        if rpn is not None and rpn < world:
+            # Streams over the world pair ranks a node apart, so that each pair crosses.
+            cases = [replace(c, stride=rpn) if c.op == SweepOp.STREAM else c for c in cases]
+            if rpn >= 2:  # the same ops within one node
+                cases += size_cases(ops, sizes, dtype, rpn)[0]
         if not cases:
             raise UsageError(f"every size is smaller than one element per rank: "
                              f"{'; '.join(skipped)}")
-    if any(c.op == SweepOp.SENDRECV for c in cases) and world < 2:
-        raise UsageError("sendrecv needs at least 2 ranks; start 2 or more")
+    for p2p in (SweepOp.SENDRECV, SweepOp.STREAM):
+        if any(c.op == p2p for c in cases) and world < 2:
+            raise UsageError(f"{p2p} needs at least 2 ranks; start 2 or more")
     return cases, skipped
 
 
@@ -219,6 +234,28 @@ def sweep_rows(cases: list[Case], gathered: list[tuple[str, list[Any]]],
     return rows, samples
 
 
+def node_ids(hosts: list[str], ranks_per_node: int | None) -> list[int]:
+    """Each rank's node: by --ranks-per-node (consecutive ranks) or by the host it ran on."""
+    if ranks_per_node is not None:
+        return [r // ranks_per_node for r in range(len(hosts))]
+    order = list(dict.fromkeys(hosts))
+    return [order.index(h) for h in hosts]
+
+
+def case_level(case: Case, nodes: list[int]) -> str:
+    """intra when every pair that talks in the case is on one node, else inter. Groups are
+    the first group_size ranks; sendrecv pairs each rank with the next (a ring), stream pairs
+    as Case.stream_peer says."""
+    n = case.group_size
+    if case.op == SweepOp.SENDRECV:
+        pairs = [(r, (r + 1) % n) for r in range(n)]
+    elif case.op == SweepOp.STREAM:
+        pairs = [(r, p[1]) for r in range(n) if (p := case.stream_peer(r)) and p[0]]
+    else:
+        pairs = [(0, r) for r in range(1, n)]
+    return "inter" if any(nodes[a] != nodes[b] for a, b in pairs) else "intra"
+
+
 def write_sweep(cases: list[Case], pattern: Pattern | None, backend: Any,
                 args: argparse.Namespace, gathered: list[tuple[str, list[Any]]],
                 ) -> dict[str, Any]:
@@ -227,6 +264,11 @@ def write_sweep(cases: list[Case], pattern: Pattern | None, backend: Any,
     rows, samples = sweep_rows(cases, gathered)
     hosts = [host for host, _ in gathered]
     columns = COLUMNS + (["calls_per_inference"] if pattern is not None else [])
+    nodes = node_ids(hosts, args.ranks_per_node)
+    if len(set(nodes)) > 1:  # placement matters: say each row's level
+        columns.append("level")
+        for row, case in zip(rows, cases, strict=True):
+            row["level"] = case_level(case, nodes)
     head = {"kind": "sweep", "backend": backend.name, "transport": backend.transport,
             "device": backend.device, "world_size": backend.world_size,
             "iterations": args.iters, "warmup": args.warmup}
@@ -234,6 +276,7 @@ def write_sweep(cases: list[Case], pattern: Pattern | None, backend: Any,
         **base_meta(args.argv), **head, "hosts": hosts, "launcher": args.launcher,
         "versions": backend.versions(), "check": args.check, "timeout_s": args.timeout,
         "source": "pattern" if pattern is not None else "sizes",
+        "ranks_per_node": args.ranks_per_node, "nodes": len(set(nodes)),
         "ops": list(dict.fromkeys(c.op.value for c in cases)),
         "sizes": sorted({c.size_bytes for c in cases}),
         "dtypes": sorted({c.dtype for c in cases})}

@@ -13,6 +13,11 @@ figures are comparable with the link speed whatever the collective:
     gather           (n-1)/n   size = count x n x elt (the root's output), count per rank
     broadcast        1         size = count x elt
     sendrecv         1         size = count x elt (each rank sends to rank+1, receives from rank-1)
+    stream           1         size = count x elt (rank 2i sends to 2i+1, one way, back to back)
+
+`stream` is infercomm's own (no nccl-tests counterpart): osu_bw's one-way stream without its
+window. Its time per message is the gap between messages of a long stream, what a pipeline
+stage pays for a transfer whose data is already on its way; `sendrecv`'s half is the latency.
 """
 
 from collections.abc import Callable
@@ -29,6 +34,7 @@ class SweepOp(StrEnum):
     BROADCAST = "broadcast"
     SENDRECV = "sendrecv"
     ALLTOALL = "alltoall"
+    STREAM = "stream"
 
 
 BUSBW_FACTOR: dict[SweepOp, Callable[[int], float]] = {
@@ -39,6 +45,7 @@ BUSBW_FACTOR: dict[SweepOp, Callable[[int], float]] = {
     SweepOp.GATHER: lambda n: (n - 1) / n,
     SweepOp.BROADCAST: lambda n: 1.0,
     SweepOp.SENDRECV: lambda n: 1.0,
+    SweepOp.STREAM: lambda n: 1.0,
 }
 
 # Collectives whose `size` covers all n ranks' chunks (count is one rank's or one peer's).

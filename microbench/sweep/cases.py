@@ -8,6 +8,12 @@ sendrecv follows nccl-tests' sendrecv_perf: every rank sends to rank+1 and recei
 rank-1 in a ring. The backends issue blocking calls, so even ranks send first and odd ranks
 receive first (otherwise every rank would wait in its send); one iteration is therefore the
 two transfers one after the other, where nccl-tests overlaps them in one NCCL group.
+
+stream is one way: rank 2i sends to rank 2i+1, which receives, iteration after iteration with
+nothing in between (a rank without a partner idles); with a stride s (sweep --ranks-per-node
+s) rank i pairs with i + s instead, so that over a world of several nodes every pair crosses.
+The slowest side of a pair sets the rate, so the median iteration is the gap between the
+messages of a stream, where half a sendrecv iteration is the latency of one message.
 """
 
 import sys
@@ -39,6 +45,14 @@ class Case:
     dtype: str
     group_size: int
     calls_per_inference: int | None = None  # --from-pattern only
+    stride: int = 1  # stream pairs rank i with i + stride (a node's ranks, to cross nodes)
+
+    def stream_peer(self, g: int) -> tuple[bool, int] | None:
+        """(sends, partner) of group rank g in a stream, or None when it has no partner:
+        ranks pair up as (i, i + stride) within each block of 2 x stride."""
+        sends = (g // self.stride) % 2 == 0
+        peer = g + self.stride if sends else g - self.stride
+        return (sends, peer) if 0 <= peer < self.group_size else None
 
 
 def geometric_sizes(minbytes: int, maxbytes: int, factor: int) -> list[int]:
@@ -89,6 +103,9 @@ def pattern_cases(pattern: Pattern) -> list[Case]:
                                              [0] * len(pattern.stages))
                 per_stage[stage] += run.repeat
     order = list(SweepOp)
+    for (kind, size, count, dtype, n), per_stage in list(calls.items()):
+        if kind == SweepOp.SENDRECV:  # a pipeline's transfers cost a latency and a gap
+            calls[(SweepOp.STREAM, size, count, dtype, n)] = per_stage
     keys = sorted(calls, key=lambda k: (order.index(k[0]), k[4], k[1], k[3]))
     return [Case(kind, size, count, dtype, n, max(calls[(kind, size, count, dtype, n)]))
             for kind, size, count, dtype, n in keys]
@@ -131,6 +148,17 @@ class Sweeper:
                     BoundOp(recv_op, group, None, recv,
                             b.bind("recv", group, None, recv, recv_op.peer))]
             return pair if g % 2 == 0 else pair[::-1]
+        if case.op == SweepOp.STREAM:
+            pairing = case.stream_peer(group.index)
+            if pairing is None:  # no partner
+                return []
+            kind = OpKind.SEND if pairing[0] else OpKind.RECV
+            peer = pairing[1]
+            op = _sweep_op(case, kind, peer=peer)
+            buf = b.empty(case.count, case.dtype)
+            if kind == OpKind.SEND:
+                return [BoundOp(op, group, buf, None, b.bind("send", group, buf, None, peer))]
+            return [BoundOp(op, group, None, buf, b.bind("recv", group, None, buf, peer))]
         root = 0 if case.op in (SweepOp.GATHER, SweepOp.BROADCAST) else None
         op = _sweep_op(case, OpKind(case.op.value), root=root)
         send = b.empty(op.numel, case.dtype)

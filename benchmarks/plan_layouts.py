@@ -1,0 +1,91 @@
+"""`infercomm plan` at scale: every layout of Llama-3.1-405B on 1024 GPUs, goal under 5 s.
+
+    python benchmarks/plan_layouts.py [--sweep SWEEP_RUN] [--sweep-inter SWEEP_RUN]
+
+Times what `plan` does after reading its sweeps (generate each layout's pattern, simulate it
+through its stages, its volume), for decode 256 and decode 100,000: patterns are run-length
+encoded and the simulation extrapolates each run once the pipeline is steady, so the time
+must not grow with the decode length. Prints the time, the time per layout against one
+`generate` call of the largest layout, and as its last line one JSON object.
+
+Without --sweep, synthetic fits (alpha 10 us, 100 GB/s within a node; 30 us, 25 GB/s across)
+stand in: the time of planning does not depend on the figures fitted.
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+
+from microbench.analysis.layouts import Budget, plan, valid_layouts
+from microbench.analysis.predict import Topology, fit_points, topology_from
+from microbench.results.runs import load_run, sweep_table
+from microbench.sweep.busbw import SweepOp
+from patterns import EngineOptions, Layout, Workload, generate, resolve_model
+
+MODEL, GPUS, PER_NODE, PROMPT, GOAL_S = "llama-3.1-405b", 1024, 8, 2048, 5.0
+SIZES = [8 * 4 ** k for k in range(13)]
+
+
+def synthetic(alpha: float, gbps: float) -> dict:
+    return {(op.value, 2): fit_points(op.value, 2, SIZES, [alpha + s / (gbps * 1e3)
+                                                            for s in SIZES])
+            for op in SweepOp}
+
+
+def topology(args: argparse.Namespace) -> Topology:
+    if args.sweep is None:
+        return Topology(synthetic(10.0, 100.0), synthetic(30.0, 25.0), PER_NODE)
+    inter = sweep_table(load_run(args.sweep_inter)) if args.sweep_inter else None
+    return topology_from(sweep_table(load_run(args.sweep)), inter, PER_NODE)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sweep", default=None)
+    parser.add_argument("--sweep-inter", default=None)
+    args = parser.parse_args()
+    model = resolve_model(MODEL)
+    layouts, _ = valid_layouts(model, GPUS)
+    figures: dict[str, float] = {}
+    for decode in (256, 100_000):
+        workload = Workload(PROMPT, decode)
+
+        def make(layout: Layout, workload: Workload = workload):
+            return generate("vllm-v0", model, layout, workload, EngineOptions())
+
+        runs = []
+        for _ in range(3):
+            start = time.perf_counter()
+            plan(model, GPUS, make, topology(args), Budget())
+            runs.append(time.perf_counter() - start)
+        figures[f"plan_s_decode_{decode}"] = statistics.median(runs)
+    widest = max(layouts, key=lambda s: s.pp)
+    gen = []
+    for _ in range(5):
+        start = time.perf_counter()
+        generate("vllm-v0", model, Layout(tp=widest.tp, pp=widest.pp), Workload(PROMPT, 256))
+        gen.append(time.perf_counter() - start)
+    figures["generate_s"] = statistics.median(gen)
+    per_layout = figures["plan_s_decode_256"] / len(layouts)
+    print(f"plan: {MODEL} on {GPUS} GPUs ({PER_NODE} per node), prompt {PROMPT}: "
+          f"{len(layouts)} valid layouts ({', '.join(f'tp{s.tp}pp{s.pp}' for s in layouts)})")
+    for decode in (256, 100_000):
+        print(f"  decode {decode:>7,}: {figures[f'plan_s_decode_{decode}']:.3f} s "
+              f"(goal < {GOAL_S:.0f} s)")
+    print(f"  per layout {per_layout * 1e3:.1f} ms = {per_layout / figures['generate_s']:.1f} "
+          f"x one generate call of tp{widest.tp}pp{widest.pp} "
+          f"({figures['generate_s'] * 1e3:.1f} ms)")
+    worst = max(figures[f"plan_s_decode_{d}"] for d in (256, 100_000))
+    print(json.dumps({"benchmark": "plan_layouts", "model": MODEL, "gpus": GPUS,
+                      "layouts": len(layouts), "python": platform.python_version(),
+                      **{k: round(v, 4) for k, v in figures.items()},
+                      "per_layout_over_generate": round(per_layout / figures["generate_s"], 2),
+                      "goal_s": GOAL_S, "met": worst < GOAL_S}))
+    return 0 if worst < GOAL_S else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""`infercomm plan`: every layout of N GPUs for a model, priced by its communication alone."""
+
+import argparse
+import csv
+import io
+import json
+import sys
+from typing import Any
+
+from microbench.argtypes import UsageError, positive_int
+from microbench.cli.pattern_args import add_pattern_arguments, pattern_from_args
+from microbench.views.textfmt import format_bytes, format_us, render_table
+
+SCOPE = ("communication only: each figure is the floor its calls put under TTFT (prefill) and "
+         "TPOT (decode step), which no kernel can remove; compute is not predicted; decode "
+         "steps wait for the previous step's token, as in the engine")
+
+EXAMPLES = """\
+examples:
+  infercomm plan --model llama-3.1-70b --gpus 16 --gpus-per-node 4 --prompt 2048 \\
+      --decode 256 --batch 1 --sweep results/SWEEP --sweep-inter results/SWEEP_2NODES
+  infercomm plan ... --budget-tpot-ms 5 --format json
+
+Every tp x pp of N ranks the model accepts (heads % tp == 0, pp <= layers) is predicted as
+`infercomm predict` does (the critical path through the stages), in the engine's order: a
+decode step starts once the previous step's token is sampled (one batch). Ranks sit as
+launchers place them: consecutive ranks per node, TP innermost, so a TP group wider than a
+node, or a PP hop between nodes, takes the --sweep-inter fits. Sorted best first: layouts
+that meet the budgets, then by end to end time, then by volume.
+"""
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "plan", help="price every layout of N GPUs by its predicted communication",
+        description="Predict the communication of every valid layout of N GPUs from your "
+                    "own sweeps, without deploying anything, and mark the best.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    group = parser.add_argument_group("plan")
+    group.add_argument("--gpus", type=positive_int, required=True, metavar="N",
+                       help="ranks the deployment has")
+    group.add_argument("--gpus-per-node", type=positive_int, required=True, metavar="G",
+                       help="ranks per node (consecutive ranks share a node)")
+    group.add_argument("--sweep", required=True, metavar="SWEEP_RUN",
+                       help="a sweep within one node: fits of the groups that stay on one")
+    group.add_argument("--sweep-inter", default=None, metavar="SWEEP_RUN",
+                       help="a sweep across nodes: fits of the groups and hops that span "
+                            "nodes (needed when N > G, unless --sweep has inter rows)")
+    group.add_argument("--budget-ttft-ms", type=float, default=None, metavar="MS",
+                       help="communication budget of the prefill (TTFT share)")
+    group.add_argument("--budget-tpot-ms", type=float, default=None, metavar="MS",
+                       help="communication budget of a decode step (TPOT share)")
+    group.add_argument("--format", choices=("table", "json", "csv"), default="table",
+                       help="table (default), json (one document) or csv")
+    add_pattern_arguments(parser, layout=False)
+    parser.set_defaults(run=run)
+
+
+def _budget_us(flag: str, value: float | None) -> float | None:
+    if value is None:
+        return None
+    if not value > 0:
+        raise UsageError(f"{flag} {value} must be a positive number of milliseconds")
+    return value * 1e3
+
+
+def document(args: argparse.Namespace, priced: list[Any], refused: list[str],
+             notes: list[str]) -> dict[str, Any]:
+    return {"model": args.model, "gpus": args.gpus, "gpus_per_node": args.gpus_per_node,
+            "prompt": args.prompt, "decode": args.decode, "batch": args.batch,
+            "engine": args.engine, "sweep": args.sweep, "sweep_inter": args.sweep_inter,
+            "budget_ttft_ms": args.budget_ttft_ms, "budget_tpot_ms": args.budget_tpot_ms,
+            "scope": SCOPE, "layouts": [p.as_dict() for p in priced], "refused": refused,
+            "notes": notes}
+
+
+def table(doc: dict[str, Any], priced: list[Any]) -> str:
+    budgeted = doc["budget_ttft_ms"] is not None or doc["budget_tpot_ms"] is not None
+    header = ["", "tp", "pp", "dp", "ep", "prefill", "decode step", "end to end", "volume",
+              "nodes"] + (["budget"] if budgeted else [])
+    rows = []
+    for p in priced:
+        row = ["best" if p.best else "", str(p.shape.tp), str(p.shape.pp), str(p.shape.dp),
+               "yes" if p.shape.ep else "no", format_us(p.prefill_us),
+               format_us(p.decode_step_us), format_us(p.e2e_us),
+               format_bytes(float(p.volume_bytes)), "spans" if p.crosses_nodes else "one"]
+        if budgeted:
+            row.append("meets" if p.meets_budget else "over")
+        rows.append(row)
+    budgets = [f"{name} {doc[key]} ms" for name, key in
+               (("TTFT", "budget_ttft_ms"), ("TPOT", "budget_tpot_ms")) if doc[key] is not None]
+    lines = [f"plan: {doc['model']} on {doc['gpus']} GPUs ({doc['gpus_per_node']} per node), "
+             f"prompt {doc['prompt']}, decode {doc['decode']}, batch {doc['batch']}, engine "
+             f"{doc['engine']}" + (f"; budget {', '.join(budgets)}" if budgets else ""),
+             f"from sweep {doc['sweep']}" + (f", inter-node sweep {doc['sweep_inter']}"
+                                              if doc["sweep_inter"] else ""),
+             SCOPE, "",
+             render_table(header, rows, right_align=set(header) - {"", "ep", "nodes",
+                                                                     "budget"})]
+    if budgeted and not priced[0].meets_budget:
+        lines.append("no layout meets the budget; best is the fastest end to end")
+    lines += [f"left out: {r}" for r in doc["refused"]]
+    lines += [f"note: {n}" for n in doc["notes"]]
+    return "\n".join(lines)
+
+
+def csv_rows(priced: list[Any]) -> str:
+    out = io.StringIO()
+    rows = [p.as_dict() for p in priced]
+    writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue().rstrip("\n")
+
+
+def run(args: argparse.Namespace) -> int:
+    from microbench.analysis.layouts import Budget, plan
+    from microbench.analysis.predict import topology_from
+    from microbench.cli.predict import load_sweep
+    from microbench.results.runs import sweep_table
+    from patterns import resolve_model
+
+    budget = Budget(_budget_us("--budget-ttft-ms", args.budget_ttft_ms),
+                    _budget_us("--budget-tpot-ms", args.budget_tpot_ms))
+    model = resolve_model(args.model)
+    sweep = load_sweep("--sweep", args.sweep)
+    inter = load_sweep("--sweep-inter", args.sweep_inter) if args.sweep_inter else None
+    topology = topology_from(sweep_table(sweep), sweep_table(inter) if inter else None,
+                             args.gpus_per_node)
+    if args.gpus > args.gpus_per_node and topology.inter is None:
+        raise UsageError(f"{args.gpus} GPUs at {args.gpus_per_node} per node span nodes and "
+                         "the sweep has no rows across nodes; pass --sweep-inter SWEEP_RUN")
+
+    def make_pattern(layout: Any) -> Any:
+        return pattern_from_args(argparse.Namespace(**vars(args), tp=layout.tp, pp=layout.pp))
+
+    priced, refused = plan(model, args.gpus, make_pattern, topology, budget)
+    notes = sorted({n for p in priced for n in p.notes})
+    doc = document(args, priced, refused, notes)
+    if args.format == "json":
+        print(json.dumps(doc, separators=(",", ":")))
+    elif args.format == "csv":
+        print(csv_rows(priced))
+        for n in notes:
+            sys.stderr.write(f"infercomm plan: note: {n}\n")
+    else:
+        print(table(doc, priced))
+    return 0
