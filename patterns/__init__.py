@@ -13,11 +13,11 @@ from patterns.models import PRESETS, ModelConfig, from_hf_config, resolve_model
 from patterns.ops import Op, OpKind, Phase, Step
 from patterns.pattern import EngineOptions, Pattern, Run
 from patterns.summary import PatternRow, pattern_rows
-from patterns.volume import op_volume, volume_bytes
+from patterns.volume import op_volume, volume_by_group, volume_bytes
 
 __all__ = [
     "ENGINES", "PRESETS", "ConfigError", "EngineOptions", "Layout", "ModelConfig", "Op",
     "OpKind", "Pattern", "PatternRow", "Phase", "Run", "Step", "Workload", "canonical_dtype",
     "dtype_bytes", "from_hf_config", "generate", "op_volume", "pattern_rows", "resolve_model",
-    "volume_bytes",
+    "volume_by_group", "volume_bytes",
 ]

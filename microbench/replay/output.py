@@ -23,7 +23,7 @@ def _ops_rows(pattern: Pattern, ranks: list[RankSamples]) -> list[dict[str, Any]
     for samples in ranks:
         calls = []
         step = 0
-        for run in pattern.stages[samples.stage]:
+        for run in pattern.runs_of_rank(samples.rank):
             for _ in range(run.repeat):
                 calls += [(run.phase.value, step, index, op)
                           for index, op in enumerate(run.step.ops)]

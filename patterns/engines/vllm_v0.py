@@ -10,6 +10,7 @@ TP rank 0, since `use_all_gather()` is False for V0 on GPUs), `distributed/utils
 """
 
 from patterns.engines import register
+from patterns.errors import ConfigError
 from patterns.layout import Layout, Workload
 from patterns.models import ModelConfig
 from patterns.ops import Op, OpKind, Phase, Step
@@ -174,6 +175,10 @@ def _stage_runs(builder: _StageBuilder, workload: Workload, options: EngineOptio
 @register("vllm-v0")
 def vllm_v0(model: ModelConfig, layout: Layout, workload: Workload,
             options: EngineOptions) -> Pattern:
+    if layout.ep or (layout.dp > 1 and model.is_moe) or workload.dp_batches is not None:
+        raise ConfigError(f"vllm-v0 models neither expert parallelism nor data-parallel MoE "
+                          f"(dp({layout.dp}), ep {layout.ep}); use --engine vllm or sglang")
+    # dp > 1 with a dense model: independent replicas, each issuing the stages below.
     stages = []
     first_layer = 0
     for stage, num_layers in enumerate(stage_layer_counts(model.num_hidden_layers, layout.pp)):
