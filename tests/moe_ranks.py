@@ -1,6 +1,7 @@
 """One rank of a DP x EP replay with --check, launched several times by test_moe_replay.py.
 
-argv: BACKEND DP TP BATCHES A2A. Prints one JSON line: rank, wrong elements, calls.
+argv: BACKEND DP TP BATCHES A2A OUT_DIR. Writes OUT_DIR/rank<R>.json: rank, wrong elements,
+calls, the kinds of call bound (one file per rank: mpiexec may interleave ranks' stdout).
 """
 
 import json
@@ -25,7 +26,7 @@ DIMS = MoeDims(hidden=16, layers=3, moe_layers=(1, 2), experts=8, top_k=2)
 
 
 def main() -> int:
-    backend_name, dp, tp, batches, a2a = sys.argv[1:6]
+    backend_name, dp, tp, batches, a2a, out_dir = sys.argv[1:7]
     layout = Layout(tp=int(tp), dp=int(dp), ep=True)
     dp_batches = tuple(int(b) for b in batches.split(","))
     workload = Workload(prompt=3, decode=3, dp_batches=dp_batches)
@@ -39,8 +40,9 @@ def main() -> int:
     wrong = replayer.check()
     kinds = sorted({(op.op.kind.value, op.op.group, op.op.counts is not None)
                     for run in plan.runs for op in run.ops})
-    print(json.dumps({"rank": backend.rank, "wrong": wrong, "calls": plan.calls_per_inference,
-                      "kinds": kinds}), flush=True)
+    result = {"rank": backend.rank, "wrong": wrong, "calls": plan.calls_per_inference,
+              "kinds": kinds}
+    Path(out_dir, f"rank{backend.rank}.json").write_text(json.dumps(result))
     backend.barrier()
     backend.close()
     watchdog.stop()
