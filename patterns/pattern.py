@@ -15,6 +15,9 @@ class EngineOptions:
     eager: bool = False  # True: no CUDA graphs, so decode batches are not padded
     max_batched_tokens: int | None = None  # chunked prefill's token budget per step
     control_plane: bool = False  # the per-step broadcasts of model inputs (V0's C1)
+    # How MoE layers exchange tokens under --dp N --ep (patterns/moe.py A2A_MODES):
+    # vLLM's default all-gather + reduce-scatter, or DeepEP-style all-to-all.
+    a2a: str = "allgather_reducescatter"
 
 
 @dataclass(frozen=True)

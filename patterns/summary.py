@@ -1,8 +1,9 @@
 """A pattern as a table: equal calls of a phase and stage folded into one row with a count."""
 
+import re
 from dataclasses import dataclass
 
-from patterns.ops import Op, Phase
+from patterns.ops import Op, Phase, Step
 from patterns.pattern import Pattern
 
 
@@ -43,3 +44,63 @@ def pattern_rows(pattern: Pattern) -> list[PatternRow]:
                    dtype=op.dtype, count=counts[key], bytes=op.bytes)
         for key, op in first.items()
     ]
+
+
+@dataclass(frozen=True)
+class MoeLayerRow:
+    """The calls of one layer of a kind (moe or dense) in the first step of a phase, on a
+    rank of DP rank 0: the dispatch and combine of the experts and everything else."""
+
+    phase: Phase
+    kind: str  # "moe" or "dense"
+    layers: int  # layers of this kind in the stage
+    tokens: int  # T of the step
+    dispatch_calls: int
+    dispatch_bytes: int  # input bytes of one layer's dispatch calls on one rank
+    combine_calls: int
+    combine_bytes: int
+    other_calls: int  # attention all-reduce, sequence-parallel all-gather, ...
+    other_bytes: int
+
+
+_LAYER = re.compile(r"^layers\.(\d+)\.")
+
+
+def _is_moe_layer(pattern: Pattern, layer: int) -> bool:
+    check = getattr(pattern.model, "is_moe_layer", None)  # per-layer MoE map when known
+    return bool(check(layer)) if check is not None else pattern.model.is_moe
+
+
+def _layer_row(pattern: Pattern, phase: Phase, step: Step, kind: str) -> MoeLayerRow | None:
+    per_layer: dict[int, list[Op]] = {}
+    for op in step.ops:
+        found = _LAYER.match(op.tag)
+        if found and _is_moe_layer(pattern, int(found.group(1))) == (kind == "moe"):
+            per_layer.setdefault(int(found.group(1)), []).append(op)
+    if not per_layer:
+        return None
+    ops = next(iter(per_layer.values()))  # layers of a kind issue the same calls
+    parts = {"dispatch": [o for o in ops if ".dispatch" in o.tag],
+             "combine": [o for o in ops if ".combine" in o.tag]}
+    other = [o for o in ops if o not in parts["dispatch"] and o not in parts["combine"]]
+    return MoeLayerRow(phase, kind, len(per_layer), step.tokens,
+                       len(parts["dispatch"]), sum(o.bytes for o in parts["dispatch"]),
+                       len(parts["combine"]), sum(o.bytes for o in parts["combine"]),
+                       len(other), sum(o.bytes for o in other))
+
+
+def moe_layer_rows(pattern: Pattern) -> list[MoeLayerRow]:
+    """Per phase and layer kind, one layer's calls and bytes in the phase's first step
+    (stage 0, DP rank 0); empty for a dense model."""
+    if not pattern.model.is_moe:
+        return []
+    rows = []
+    for phase in Phase:
+        step = pattern.first_step(0, phase)
+        if step is None:
+            continue
+        for kind in ("moe", "dense"):
+            row = _layer_row(pattern, phase, step, kind)
+            if row is not None:
+                rows.append(row)
+    return rows
