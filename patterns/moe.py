@@ -24,6 +24,9 @@ vLLM (vllm-project/vllm):
   chunk; after the experts, `tensor_model_parallel_all_gather` [T/tp, h] -> [T, h]).
   Without DP, experts (partitioned with --ep, sharded without) leave one TP all-reduce per
   MoE layer (`moe_runner._maybe_reduce_final_output`), as a dense MLP's down_proj.
+- `model_executor/layers/fused_moe/prepare_finalize/naive_dp_ep.py` @ 003d383e: the modular
+  kernels dispatch the top-k weights and ids (the monolithic ones the router logits [T, E]
+  instead, not modelled), quantised hidden states with their scales for quantised models.
 - DeepEP / FlashInfer / mori / NIXL EP backends (`--a2a alltoall` here) are NVSHMEM or IPC
   all-to-all kernels, not NCCL: modelled as an all-to-all over the EP group of each rank's
   T_r*k token rows (dispatch) and the reverse (combine). DeepEP's low-latency buffers are
@@ -53,9 +56,10 @@ all-reduce of the unfinished state every 32 steps, micro-batching (DBO), SGLang'
 """
 
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from patterns.layout import Layout
-from patterns.ops import Op, OpKind
+from patterns.ops import Op, OpKind, Phase
 
 A2A_MODES = ("allgather_reducescatter", "alltoall")
 
@@ -97,6 +101,54 @@ def notes(model_is_moe: bool, layout: Layout) -> list[str]:
     elif model_is_moe and layout.ep and layout.dp == 1:
         out.append(f"--ep with dp 1: the EP group is the TP group of {layout.tp}; tokens are "
                    "replicated there, so one all-reduce per MoE layer and no dispatch")
+    return out
+
+
+class RankStep(NamedTuple):
+    """One DP rank's forward pass in a step: its phase, tokens (before DP padding), rows."""
+
+    phase: Phase
+    tokens: int
+    rows: int
+
+
+# What a DP rank with no work left runs while others still do: vLLM's execute_dummy_batch
+# (`_dummy_run(1)`, gpu_model_runner.py), one token, in the DP collectives like any step.
+DUMMY_STEP = RankStep(Phase.DECODE, 1, 0)
+
+
+def align_dp_runs(per_rank: Sequence[Sequence[tuple[RankStep, int]]]
+                  ) -> list[tuple[tuple[RankStep, ...], int]]:
+    """Line up the DP ranks' own run-length step lists into global steps.
+
+    Step i of every rank runs together (each step all-reduces the DP coordination tensor
+    and every MoE layer exchanges tokens between the ranks); a rank whose list is shorter
+    (fewer prefill chunks, a smaller batch) runs dummy steps until the longest ends.
+    Returns (steps of every DP rank, repeat) runs.
+    """
+    total = max(sum(repeat for _, repeat in runs) for runs in per_rank)
+    queues = []
+    for runs in per_rank:
+        own = [(step, repeat) for step, repeat in runs if repeat > 0]
+        left = total - sum(repeat for _, repeat in own)
+        queues.append(own + ([(DUMMY_STEP, left)] if left else []))
+    out: list[tuple[tuple[RankStep, ...], int]] = []
+    heads = [0] * len(queues)
+    used = [0] * len(queues)
+    done = 0
+    while done < total:
+        take = min(q[h][1] - u for q, h, u in zip(queues, heads, used, strict=True))
+        steps = tuple(q[h][0] for q, h in zip(queues, heads, strict=True))
+        if out and out[-1][0] == steps:
+            out[-1] = (steps, out[-1][1] + take)
+        else:
+            out.append((steps, take))
+        done += take
+        for r, q in enumerate(queues):
+            used[r] += take
+            if used[r] == q[heads[r]][1]:
+                heads[r] += 1
+                used[r] = 0
     return out
 
 

@@ -287,3 +287,16 @@ def test_sglang_deepseek_dp8_decode_and_extend():
     deepep = sglang_dp_layer("l", layout, (128,) * 8, 0, 7168, "bf16", "max_len", top_k=8,
                              a2a="alltoall")
     assert [(op.kind.value, op.shape) for op in deepep] == [("alltoall", (1024, 7168))] * 2
+
+
+def test_dp_ranks_with_different_prefill_chunks_line_up_with_dummy_steps():
+    from patterns import Phase
+    from patterns.moe import DUMMY_STEP, RankStep, align_dp_runs
+    # DP rank 0: one 6144-token prefill chunk, then 3 decode steps of 3 requests; DP rank 1:
+    # two chunks (8192 + 8192), then 3 decode steps of 8. Global steps: 1 + 3 = 4 on rank 0
+    # and 2 + 3 = 5 on rank 1, so rank 0 runs one dummy step at the end.
+    p0, d0 = RankStep(Phase.PREFILL, 6144, 3), RankStep(Phase.DECODE, 3, 3)
+    p1, d1 = RankStep(Phase.PREFILL, 8192, 8), RankStep(Phase.DECODE, 8, 8)
+    runs = align_dp_runs([[(p0, 1), (d0, 3)], [(p1, 2), (d1, 3)]])
+    assert runs == [((p0, p1), 1), ((d0, p1), 1), ((d0, d1), 2), ((DUMMY_STEP, d1), 1)]
+    assert sum(repeat for _, repeat in runs) == 5
