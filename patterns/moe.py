@@ -24,6 +24,11 @@ vLLM (vllm-project/vllm):
   chunk; after the experts, `tensor_model_parallel_all_gather` [T/tp, h] -> [T, h]).
   Without DP, experts (partitioned with --ep, sharded without) leave one TP all-reduce per
   MoE layer (`moe_runner._maybe_reduce_final_output`), as a dense MLP's down_proj.
+- `model_executor/layers/fused_moe/config.py` (`FusedMoEParallelConfig`:
+  `use_all2all_kernels = dp_size > 1 and use_ep`; without --ep `flatten_tp_across_dp`
+  shards every expert over dp x tp ranks): with dp > 1 and no --ep the tokens are gathered
+  over DP all the same (the naive dispatch), with no sequence parallelism, and each TP rank's
+  partial sum is then all-reduced over TP. The DeepEP-style kernels need --ep.
 - `model_executor/layers/fused_moe/prepare_finalize/naive_dp_ep.py` @ 003d383e: the modular
   kernels dispatch the top-k weights and ids (the monolithic ones the router logits [T, E]
   instead, not modelled), quantised hidden states with their scales for quantised models.
@@ -80,11 +85,18 @@ def check_a2a(a2a: str) -> None:
         raise ConfigError(f"a2a {a2a!r} is not a mode; use one of {', '.join(A2A_MODES)}")
 
 
-def expert_parallel(layout: Layout) -> bool:
-    """Whether MoE layers exchange tokens between DP ranks: --ep with dp > 1 (vLLM's
-    `use_all2all_kernels`). With dp == 1 the EP group is the TP group and tokens are
-    already replicated there: no dispatch, one TP all-reduce."""
-    return layout.ep and layout.dp > 1
+def exchanges_tokens(layout: Layout) -> bool:
+    """Whether MoE layers exchange tokens between DP ranks: whenever dp > 1. With --ep the
+    experts are split over the EP group (`use_all2all_kernels`: dp > 1 and use_ep); without
+    it vLLM shards every expert over the dp x tp ranks (`flatten_tp_across_dp`) and gathers
+    the tokens the same way (the naive dispatch of `get_ep_group().dispatch`). With dp == 1
+    tokens are already replicated over TP: no dispatch, one TP all-reduce."""
+    return layout.dp > 1
+
+
+def sequence_parallel_moe(layout: Layout) -> bool:
+    """`use_sequence_parallel_moe`: --ep with tp > 1 and dp > 1 (config/parallel.py)."""
+    return layout.ep and layout.tp > 1 and layout.dp > 1
 
 
 def notes(model_is_moe: bool, layout: Layout) -> list[str]:
@@ -93,11 +105,13 @@ def notes(model_is_moe: bool, layout: Layout) -> list[str]:
     if layout.dp > 1 and not model_is_moe:
         out.append(f"dp({layout.dp}) with a dense model: {layout.dp} independent replicas, "
                    "no call between them; every replica issues the calls below")
-    elif model_is_moe and not layout.ep:
+    elif model_is_moe and not layout.ep and layout.dp == 1:
         out.append(f"MoE without --ep: experts sharded over the TP group of {layout.tp}, one "
-                   "all-reduce per MoE layer"
-                   + (f"; dp({layout.dp}) replicas still coordinate every step and gather "
-                      "tokens for the experts" if layout.dp > 1 else ""))
+                   "all-reduce per MoE layer; expert parallelism needs --dp N --ep")
+    elif model_is_moe and not layout.ep:
+        out.append(f"MoE with dp({layout.dp}) without --ep: every expert sharded over the "
+                   f"{layout.dp * layout.tp} ranks; tokens still gathered over DP per MoE "
+                   "layer")
     elif model_is_moe and layout.ep and layout.dp == 1:
         out.append(f"--ep with dp 1: the EP group is the TP group of {layout.tp}; tokens are "
                    "replicated there, so one all-reduce per MoE layer and no dispatch")
@@ -209,11 +223,14 @@ def vllm_moe_layer(prefix: str, layout: Layout, tokens: Sequence[int], dp_rank: 
     `prefix` names the layer's module (e.g. "layers.3.mlp.experts").
     """
     tp, dp, t_me = layout.tp, layout.dp, tokens[dp_rank]
-    if not expert_parallel(layout):
-        if tp == 1:
-            return []
-        return [_tp_op(OpKind.ALLREDUCE, tp, (t_me, hidden), (t_me, hidden), dtype, prefix)]
-    sequence_parallel = tp > 1
+    reduce_tp = [_tp_op(OpKind.ALLREDUCE, tp, (t_me, hidden), (t_me, hidden), dtype, prefix)]
+    if not exchanges_tokens(layout):
+        return reduce_tp if tp > 1 else []
+    if a2a == "alltoall" and not layout.ep:
+        from patterns.errors import ConfigError
+        raise ConfigError("a2a alltoall needs --ep: vLLM runs its all-to-all kernels only "
+                          "with expert parallelism (use_all2all_kernels)")
+    sequence_parallel = sequence_parallel_moe(layout)
     if sequence_parallel:  # sequence_parallel_chunk: T padded to a multiple of tp, split
         chunks = [_ceil_div(t, tp) for t in tokens]
         rows = [chunks[d] for d in range(dp) for _ in range(tp)]  # EP group: DP x TP
@@ -224,7 +241,7 @@ def vllm_moe_layer(prefix: str, layout: Layout, tokens: Sequence[int], dp_rank: 
         group = "dp"
     n = len(rows)
     ops: list[Op] = []
-    if a2a == "alltoall":
+    if a2a == "alltoall":  # --ep here (checked above): EP group of dp x tp
         per_peer = _ceil_div(max(chunks) * top_k, dp * tp)
         shape = ((dp * tp) * per_peer, hidden)
         ops.append(Op(kind=OpKind.ALLTOALL, group="ep", group_size=dp * tp, shape=shape,
@@ -245,6 +262,8 @@ def vllm_moe_layer(prefix: str, layout: Layout, tokens: Sequence[int], dp_rank: 
         chunk = chunks[dp_rank]
         ops.append(_tp_op(OpKind.ALLGATHER, tp, (chunk, hidden), (chunk * tp, hidden), dtype,
                           f"{prefix}.sequence_parallel.allgather"))
+    elif tp > 1:  # no EP: each TP rank summed its slice of every expert over DP only
+        ops += reduce_tp
     return ops
 
 

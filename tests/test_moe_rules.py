@@ -300,3 +300,19 @@ def test_dp_ranks_with_different_prefill_chunks_line_up_with_dummy_steps():
     runs = align_dp_runs([[(p0, 1), (d0, 3)], [(p1, 2), (d1, 3)]])
     assert runs == [((p0, p1), 1), ((d0, p1), 1), ((d0, d1), 2), ((DUMMY_STEP, d1), 1)]
     assert sum(repeat for _, repeat in runs) == 5
+
+
+def test_moe_with_dp_but_no_ep_gathers_over_dp_and_reduces_over_tp():
+    # fused_moe/config.py: without --ep, flatten_tp_across_dp shards every expert over the
+    # dp x tp ranks; tokens are still gathered over DP (naive dispatch), no SP-MoE, and the
+    # TP ranks' partial sums are all-reduced after the combine.
+    layout = Layout(dp=2, tp=2)
+    ops = vllm_moe_layer("m", layout, (16, 16), 0, 4096, 2, "bf16")
+    assert [(op.kind.value, op.group, op.shape, op.out_shape) for op in ops] == [
+        ("allgather", "dp", (16, 4096), (32, 4096)),
+        ("allgather", "dp", (16, 2), (32, 2)),
+        ("allgather", "dp", (16, 2), (32, 2)),
+        ("reducescatter", "dp", (32, 4096), (16, 4096)),
+        ("allreduce", "tp", (16, 4096), (16, 4096))]
+    with pytest.raises(ConfigError, match="a2a alltoall needs --ep"):
+        vllm_moe_layer("m", layout, (16, 16), 0, 4096, 2, "bf16", a2a="alltoall")
