@@ -127,12 +127,14 @@ class RankStep(NamedTuple):
 
 
 # What a DP rank with no work left runs while others still do: vLLM's execute_dummy_batch
-# (`_dummy_run(1)`, gpu_model_runner.py), one token, in the DP collectives like any step.
+# (`_dummy_run(1)`, gpu_model_runner.py), one token, in the DP collectives like any step;
+# SGLang's idle batch has no token (`get_idle_batch`, scheduler_dp_attn_mixin.py).
 DUMMY_STEP = RankStep(Phase.DECODE, 1, 0)
+SGLANG_IDLE_STEP = RankStep(Phase.DECODE, 0, 0)
 
 
-def align_dp_runs(per_rank: Sequence[Sequence[tuple[RankStep, int]]]
-                  ) -> list[tuple[tuple[RankStep, ...], int]]:
+def align_dp_runs(per_rank: Sequence[Sequence[tuple[RankStep, int]]],
+                  dummy: RankStep = DUMMY_STEP) -> list[tuple[tuple[RankStep, ...], int]]:
     """Line up the DP ranks' own run-length step lists into global steps.
 
     Step i of every rank runs together (each step all-reduces the DP coordination tensor
@@ -145,7 +147,7 @@ def align_dp_runs(per_rank: Sequence[Sequence[tuple[RankStep, int]]]
     for runs in per_rank:
         own = [(step, repeat) for step, repeat in runs if repeat > 0]
         left = total - sum(repeat for _, repeat in own)
-        queues.append(own + ([(DUMMY_STEP, left)] if left else []))
+        queues.append(own + ([(dummy, left)] if left else []))
     out: list[tuple[tuple[RankStep, ...], int]] = []
     heads = [0] * len(queues)
     used = [0] * len(queues)
@@ -274,6 +276,23 @@ def sglang_padding_mode(tokens: Sequence[int], extend: bool, graphed: bool) -> s
     if extend and len(tokens) > 1:
         return "sum_len"
     return "max_len" if sum(tokens) * 2 >= max(tokens) * len(tokens) else "sum_len"
+
+
+def sglang_step_tokens(steps: Sequence[RankStep], graph_size: Callable[[int], int | None]
+                       ) -> tuple[tuple[int, ...], str]:
+    """Every DP rank's tokens in one SGLang step under DP attention, and the padding mode.
+
+    A decode step runs a CUDA graph when every rank can (`can_cuda_graph` gathered by
+    MLPSyncBatchInfo): all ranks pad to the graph size of the largest batch, MAX_LEN. An
+    extend anywhere (or an eager step) keeps each rank's own count; the mode follows
+    `DpPaddingMode.get_dp_padding_mode`.
+    """
+    tokens = [s.tokens for s in steps]
+    extend = any(s.phase == Phase.PREFILL for s in steps)
+    size = None if extend else graph_size(max(tokens))
+    if size is not None:
+        return (size,) * len(tokens), "max_len"
+    return tuple(tokens), sglang_padding_mode(tokens, extend, graphed=False)
 
 
 def sglang_mlp_sync(layout: Layout) -> list[Op]:

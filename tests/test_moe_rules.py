@@ -316,3 +316,17 @@ def test_moe_with_dp_but_no_ep_gathers_over_dp_and_reduces_over_tp():
         ("allreduce", "tp", (16, 4096), (16, 4096))]
     with pytest.raises(ConfigError, match="a2a alltoall needs --ep"):
         vllm_moe_layer("m", layout, (16, 16), 0, 4096, 2, "bf16", a2a="alltoall")
+
+
+def test_sglang_step_tokens():
+    from patterns import Phase
+    from patterns.moe import SGLANG_IDLE_STEP, RankStep, sglang_step_tokens
+    decode = [RankStep(Phase.DECODE, b, b) for b in (3, 5, 2, 10)]
+    # Graphed decode: every rank runs the graph of the largest batch, 10 -> 12 in SGLang's
+    # sizes [1, 2, 4, 8, 12, 16, ...] (server_args.py); MAX_LEN.
+    sizes = [1, 2, 4, 8, 12, 16]
+    graph = lambda t: next((s for s in sizes if s >= t), None)  # noqa: E731
+    assert sglang_step_tokens(decode, graph) == ((12,) * 4, "max_len")
+    # An extend on one rank (others idle: 0 tokens): own counts, SUM_LEN.
+    steps = [RankStep(Phase.PREFILL, 48, 3), SGLANG_IDLE_STEP]
+    assert sglang_step_tokens(steps, graph) == ((48, 0), "sum_len")
