@@ -6,8 +6,9 @@ all-reduce (tp > 1) or the MoE layer's calls from `patterns.moe`; logits all-gat
 
 from dataclasses import dataclass
 
-from patterns import Layout, ModelConfig, Op, OpKind, Pattern, Phase, Run, Step, Workload
-from patterns.moe import dp_padded_tokens, vllm_dp_coordination, vllm_moe_layer
+from patterns import Layout, ModelConfig, Op, OpKind, Pattern, Phase, Workload
+from patterns.dp_steps import RankStep, align_dp_runs, build_replicas, dp_padded_tokens
+from patterns.moe import vllm_dp_coordination, vllm_moe_layer
 from patterns.pattern import EngineOptions
 from patterns.vllm_rules import graph_batch_size
 
@@ -51,19 +52,24 @@ def graph_size(t: int) -> int | None:
 
 def pattern(model: ModelConfig, dims: MoeDims, layout: Layout, workload: Workload,
             a2a: str = "allgather_reducescatter") -> Pattern:
-    """One prefill step (eager: each DP rank its own B_r*Sp tokens) and Sd-1 decode steps
-    (graphed: every rank padded to the largest graph size), for pp = 1."""
-    batches = [workload.batch_of(d) for d in range(layout.dp)]
-    prefill = tuple(b * workload.prompt for b in batches)
-    prefill = dp_padded_tokens(prefill, lambda t: None)  # eager prefill: unpadded
-    decode = dp_padded_tokens(batches, graph_size)
-    replicas = []
+    """Per DP rank one prefill step (eager: its own B_r*Sp tokens) and Sd-1 decode steps
+    (graphed: every rank padded to the largest graph size), lined up and built by
+    patterns.dp_steps; pp = 1."""
+    per_rank = []
     for d in range(layout.dp):
-        runs = [Run(Phase.PREFILL, Step(tuple(step_ops(dims, layout, prefill, d, a2a)),
-                                        prefill[d], batches[d]), 1)]
+        b = workload.batch_of(d)
+        own = [(RankStep(Phase.PREFILL, b * workload.prompt, b), 1)]
         if workload.decode_steps:
-            runs.append(Run(Phase.DECODE, Step(tuple(step_ops(dims, layout, decode, d, a2a)),
-                                               decode[d], batches[d]), workload.decode_steps))
-        replicas.append((tuple(runs),))
+            own.append((RankStep(Phase.DECODE, b, b), workload.decode_steps))
+        per_rank.append(own)
+
+    def tokens_of(steps: tuple[RankStep, ...]) -> tuple[int, ...]:
+        eager = any(s.phase == Phase.PREFILL for s in steps)
+        return dp_padded_tokens([s.tokens for s in steps], (lambda t: None) if eager
+                                else graph_size)
+
+    replicas = build_replicas(
+        align_dp_runs(per_rank), 1, tokens_of,
+        lambda d, stage, step, tokens: step_ops(dims, layout, tokens, d, a2a))
     return Pattern(engine="standin", model=model, layout=layout, workload=workload,
-                   options=EngineOptions(), stages=replicas[0], dp_stages=tuple(replicas))
+                   options=EngineOptions(), stages=replicas[0], dp_stages=replicas)

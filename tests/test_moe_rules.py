@@ -23,9 +23,9 @@ from fractions import Fraction
 import pytest
 
 from patterns import ConfigError, Layout, ModelConfig, OpKind, Workload, resolve_model
+from patterns.dp_steps import dp_padded_tokens
 from patterns.groups import group_of, groups
 from patterns.moe import (
-    dp_padded_tokens,
     notes,
     sglang_dp_layer,
     sglang_mlp_sync,
@@ -291,7 +291,7 @@ def test_sglang_deepseek_dp8_decode_and_extend():
 
 def test_dp_ranks_with_different_prefill_chunks_line_up_with_dummy_steps():
     from patterns import Phase
-    from patterns.moe import DUMMY_STEP, RankStep, align_dp_runs
+    from patterns.dp_steps import DUMMY_STEP, RankStep, align_dp_runs
     # DP rank 0: one 6144-token prefill chunk, then 3 decode steps of 3 requests; DP rank 1:
     # two chunks (8192 + 8192), then 3 decode steps of 8. Global steps: 1 + 3 = 4 on rank 0
     # and 2 + 3 = 5 on rank 1, so rank 0 runs one dummy step at the end.
@@ -320,7 +320,8 @@ def test_moe_with_dp_but_no_ep_gathers_over_dp_and_reduces_over_tp():
 
 def test_sglang_step_tokens():
     from patterns import Phase
-    from patterns.moe import SGLANG_IDLE_STEP, RankStep, sglang_step_tokens
+    from patterns.dp_steps import SGLANG_IDLE_STEP, RankStep
+    from patterns.moe import sglang_step_tokens
     decode = [RankStep(Phase.DECODE, b, b) for b in (3, 5, 2, 10)]
     # Graphed decode: every rank runs the graph of the largest batch, 10 -> 12 in SGLang's
     # sizes [1, 2, 4, 8, 12, 16, ...] (server_args.py); MAX_LEN.
