@@ -79,12 +79,14 @@ def dp_padded_tokens(tokens: Sequence[int],
 
 def build_replicas(global_runs: Sequence[tuple[tuple[RankStep, ...], int]], stages: int,
                    tokens_of: Callable[[tuple[RankStep, ...]], tuple[int, ...]],
-                   ops_of: Callable[[int, int, RankStep, tuple[int, ...]], list[Op]]
+                   ops_of: Callable[[int, int, tuple[RankStep, ...], tuple[int, ...]],
+                                    list[Op]]
                    ) -> tuple[tuple[tuple[Run, ...], ...], ...]:
     """`Pattern.dp_stages`: per DP rank and stage, the merged run list.
 
     `tokens_of(steps)` gives every DP rank's T for one global step (after DP padding);
-    `ops_of(dp_rank, stage, step, tokens)` the calls of that rank's forward pass.
+    `ops_of(dp_rank, stage, steps, tokens)` the calls of that rank's forward pass, `steps`
+    being every DP rank's step of it.
     """
     dp = len(global_runs[0][0]) if global_runs else 0
     replicas = []
@@ -95,7 +97,7 @@ def build_replicas(global_runs: Sequence[tuple[tuple[RankStep, ...], int]], stag
             for steps, repeat in global_runs:
                 tokens = tokens_of(steps)
                 own = steps[d]
-                step = Step(tuple(ops_of(d, stage, own, tokens)), tokens[d], own.rows)
+                step = Step(tuple(ops_of(d, stage, steps, tokens)), tokens[d], own.rows)
                 if runs and runs[-1].phase == own.phase and runs[-1].step == step:
                     runs[-1] = Run(own.phase, step, runs[-1].repeat + repeat)
                 else:

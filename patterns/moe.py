@@ -286,3 +286,31 @@ def sglang_dp_layer(prefix: str, layout: Layout, tokens: Sequence[int], dp_rank:
         ops.append(_tp_op(OpKind.ALLGATHER, tp, (piece, hidden), (piece * tp, hidden), dtype,
                           f"{prefix}.dp_reduce_scatter_tensor.attn_tp_all_gather"))
     return ops
+
+
+def sglang_dp_logits(layout: Layout, rows: Sequence[int], dp_rank: int, hidden: int,
+                     vocab_padded: int, dtype: str, mode: str) -> list[Op]:
+    """The logits of a DP-attention step with SGLang's default vocab-parallel LM head over
+    the whole TP (here: ep) group (`enable_dp_lm_head` off, `layers/logits_processor.py`):
+    `dp_gather_replicate` of every rank's sampled rows, the LM head on its vocabulary
+    shard, an all-gather of the shards over the group, then `dp_scatter` (a local copy).
+    `rows[d]` is DP rank d's sampled rows."""
+    n = layout.dp * layout.tp
+    shard = vocab_padded // n
+    if mode == "sum_len":
+        total = sum(rows)
+        gather = [Op(kind=OpKind.ALLREDUCE, group="ep", group_size=n, shape=(total, hidden),
+                     out_shape=(total, hidden), dtype=dtype, tag="logits.dp_gather")]
+    else:
+        piece = _ceil_div(max(rows), layout.tp)
+        total = piece * n
+        gather = ([_tp_op(OpKind.REDUCESCATTER, layout.tp, (piece * layout.tp, hidden),
+                          (piece, hidden), dtype, "logits.dp_gather.attn_tp_reduce_scatter")]
+                  if layout.tp > 1 else [])
+        gather.append(Op(kind=OpKind.ALLGATHER, group="ep", group_size=n,
+                         shape=(piece, hidden), out_shape=(total, hidden), dtype=dtype,
+                         tag="logits.dp_gather"))
+    if total == 0:
+        return []
+    return [*gather, Op(kind=OpKind.ALLGATHER, group="ep", group_size=n, shape=(total, shard),
+                        out_shape=(total, shard * n), dtype=dtype, tag="logits")]

@@ -70,6 +70,6 @@ def pattern(model: ModelConfig, dims: MoeDims, layout: Layout, workload: Workloa
 
     replicas = build_replicas(
         align_dp_runs(per_rank), 1, tokens_of,
-        lambda d, stage, step, tokens: step_ops(dims, layout, tokens, d, a2a))
+        lambda d, stage, steps, tokens: step_ops(dims, layout, tokens, d, a2a))
     return Pattern(engine="standin", model=model, layout=layout, workload=workload,
                    options=EngineOptions(), stages=replicas[0], dp_stages=replicas)
