@@ -68,12 +68,13 @@ def dp_padded_tokens(tokens: Sequence[int],
     """The token count each DP rank runs with, as `v1/worker/dp_utils.py` decides it.
 
     `tokens` are the ranks' own counts; `graph_size(T)` is the CUDA-graph size a rank pads T
-    to, None when it runs eager. When every rank runs a graph, all pad to the largest graph
-    size; if any runs eager, each keeps its own count.
+    to, None when it runs eager. Each rank sends its own padded count (row 1 of the
+    coordination tensor); when every rank runs a graph (the synced mode, the minimum, is not
+    NONE) all pad to the largest, else each keeps its own (`_post_process_dp_padding`).
     """
     sizes = [graph_size(t) for t in tokens]
     if any(s is None for s in sizes):
-        return tuple(tokens)
+        return tuple(t if s is None else s for t, s in zip(tokens, sizes, strict=True))
     return (max(s for s in sizes if s is not None),) * len(tokens)
 
 

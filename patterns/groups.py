@@ -9,11 +9,13 @@ tp_rank. Its groups, which every op names by kind:
   ep  DP x TP of one pipeline stage, in that order: vLLM builds it as
       `all_ranks.transpose(1, 2).reshape(-1, dp * tp)` (parallel_state.py, vllm-project/vllm
       @ 00746147); SGLang's TP group under DP attention holds the same ranks.
+  pp_broadcast  the ranks of `pp` again: vLLM Model Runner V2's own NCCL group for its
+      per-step broadcasts (`v1/worker/gpu/pp_utils.py`), its own communicators as in the engine.
 """
 
 from patterns.layout import Layout
 
-GROUP_KINDS = ("tp", "pp", "dp", "ep")
+GROUP_KINDS = ("tp", "pp", "dp", "ep", "pp_broadcast")
 
 
 def rank_of(layout: Layout, dp_rank: int, stage: int, tp_rank: int) -> int:
@@ -21,7 +23,8 @@ def rank_of(layout: Layout, dp_rank: int, stage: int, tp_rank: int) -> int:
 
 
 def group_size(layout: Layout, kind: str) -> int:
-    sizes = {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "ep": layout.dp * layout.tp}
+    sizes = {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "ep": layout.dp * layout.tp,
+             "pp_broadcast": layout.pp}
     if kind not in sizes:
         raise ValueError(f"unknown group kind {kind!r}; one of {', '.join(GROUP_KINDS)}")
     return sizes[kind]
@@ -33,7 +36,7 @@ def groups(layout: Layout, kind: str) -> list[tuple[int, ...]]:
     if kind == "tp":
         return [tuple(rank_of(layout, d, s, t) for t in range(tp))
                 for d in range(dp) for s in range(pp)]
-    if kind == "pp":
+    if kind in ("pp", "pp_broadcast"):
         return [tuple(rank_of(layout, d, s, t) for s in range(pp))
                 for d in range(dp) for t in range(tp)]
     if kind == "dp":

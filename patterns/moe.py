@@ -64,6 +64,7 @@ from collections.abc import Callable, Sequence
 
 from patterns.dp_steps import RankStep
 from patterns.layout import Layout
+from patterns.models import ModelConfig
 from patterns.ops import Op, OpKind, Phase
 
 A2A_MODES = ("allgather_reducescatter", "alltoall")
@@ -99,22 +100,29 @@ def sequence_parallel_moe(layout: Layout) -> bool:
     return layout.ep and layout.tp > 1 and layout.dp > 1
 
 
-def notes(model_is_moe: bool, layout: Layout) -> list[str]:
-    """What a reader of a pattern must know about its DP and EP (pattern headers)."""
+def notes(model: ModelConfig, layout: Layout) -> list[str]:
+    """What a reader of a pattern must know about its DP and EP (pattern headers): never a
+    silent TP-only answer to an expert-parallel question."""
     out = []
-    if layout.dp > 1 and not model_is_moe:
+    if layout.dp > 1 and not model.is_moe:
         out.append(f"dp({layout.dp}) with a dense model: {layout.dp} independent replicas, "
                    "no call between them; every replica issues the calls below")
-    elif model_is_moe and not layout.ep and layout.dp == 1:
-        out.append(f"MoE without --ep: experts sharded over the TP group of {layout.tp}, one "
-                   "all-reduce per MoE layer; expert parallelism needs --dp N --ep")
-    elif model_is_moe and not layout.ep:
+    elif model.is_moe and layout.dp == 1:
+        moe_layers = getattr(model, "moe_layers", None) or range(model.num_hidden_layers)
+        what = (f"{model.name} is a MoE model ({model.num_local_experts} experts, "
+                f"{len(moe_layers)} MoE layers): ")
+        if layout.ep:
+            out.append(what + f"--ep at dp 1 makes the EP group the TP group of {layout.tp}; "
+                       "tokens are replicated there, so one all-reduce per MoE layer and no "
+                       "dispatch (expert parallelism with token exchange needs --dp N)")
+        else:
+            out.append(what + "modelled without expert parallelism, experts replicated over "
+                       "TP (one all-reduce per MoE layer); for expert parallelism give "
+                       "--dp N --ep")
+    elif model.is_moe and not layout.ep:
         out.append(f"MoE with dp({layout.dp}) without --ep: every expert sharded over the "
                    f"{layout.dp * layout.tp} ranks; tokens still gathered over DP per MoE "
                    "layer")
-    elif model_is_moe and layout.ep and layout.dp == 1:
-        out.append(f"--ep with dp 1: the EP group is the TP group of {layout.tp}; tokens are "
-                   "replicated there, so one all-reduce per MoE layer and no dispatch")
     return out
 
 
@@ -268,23 +276,25 @@ def sglang_dp_layer(prefix: str, layout: Layout, tokens: Sequence[int], dp_rank:
     if mode == "sum_len":
         total = sum(tokens)
         return [Op(kind=OpKind.ALLREDUCE, group="ep", group_size=n, shape=(total, hidden),
-                   out_shape=(total, hidden), dtype=dtype, tag=f"{prefix}.dp_gather"),
+                   out_shape=(total, hidden), dtype=dtype, tag=f"{prefix}.dispatch.dp_gather"),
                 Op(kind=OpKind.ALLREDUCE, group="ep", group_size=n, shape=(total, hidden),
-                   out_shape=(total, hidden), dtype=dtype, tag=f"{prefix}.experts")]
+                   out_shape=(total, hidden), dtype=dtype,
+                   tag=f"{prefix}.combine.mlp_all_reduce")]
     longest = max(tokens)
     piece = _ceil_div(longest, tp)
     ops = []
     if tp > 1:
         ops.append(_tp_op(OpKind.REDUCESCATTER, tp, (piece * tp, hidden), (piece, hidden),
-                          dtype, f"{prefix}.dp_gather.attn_tp_reduce_scatter"))
+                          dtype, f"{prefix}.dispatch.dp_gather.attn_tp_reduce_scatter"))
     ops.append(Op(kind=OpKind.ALLGATHER, group="ep", group_size=n, shape=(piece, hidden),
-                  out_shape=(piece * n, hidden), dtype=dtype, tag=f"{prefix}.dp_gather"))
+                  out_shape=(piece * n, hidden), dtype=dtype,
+                  tag=f"{prefix}.dispatch.dp_gather"))
     ops.append(Op(kind=OpKind.REDUCESCATTER, group="ep", group_size=n,
                   shape=(piece * n, hidden), out_shape=(piece, hidden), dtype=dtype,
-                  tag=f"{prefix}.dp_reduce_scatter_tensor"))
+                  tag=f"{prefix}.combine.dp_reduce_scatter_tensor"))
     if tp > 1:
         ops.append(_tp_op(OpKind.ALLGATHER, tp, (piece, hidden), (piece * tp, hidden), dtype,
-                          f"{prefix}.dp_reduce_scatter_tensor.attn_tp_all_gather"))
+                          f"{prefix}.combine.attn_tp_all_gather"))
     return ops
 
 

@@ -72,18 +72,22 @@ def _is_moe_layer(pattern: Pattern, layer: int) -> bool:
 
 
 def _layer_row(pattern: Pattern, phase: Phase, step: Step, kind: str) -> MoeLayerRow | None:
-    per_layer: dict[int, list[Op]] = {}
+    from patterns.vllm_rules import stage_layer_counts
+    layers = [i for i in range(stage_layer_counts(pattern.model.num_hidden_layers,
+                                                  pattern.layout.pp)[0])
+              if _is_moe_layer(pattern, i) == (kind == "moe")]
+    if not layers:
+        return None
+    per_layer: dict[int, list[Op]] = {i: [] for i in layers}
     for op in step.ops:
         found = _LAYER.match(op.tag)
-        if found and _is_moe_layer(pattern, int(found.group(1))) == (kind == "moe"):
-            per_layer.setdefault(int(found.group(1)), []).append(op)
-    if not per_layer:
-        return None
-    ops = next(iter(per_layer.values()))  # layers of a kind issue the same calls
+        if found and int(found.group(1)) in per_layer:
+            per_layer[int(found.group(1))].append(op)
+    ops = per_layer[layers[0]]  # layers of a kind issue the same calls
     parts = {"dispatch": [o for o in ops if ".dispatch" in o.tag],
              "combine": [o for o in ops if ".combine" in o.tag]}
     other = [o for o in ops if o not in parts["dispatch"] and o not in parts["combine"]]
-    return MoeLayerRow(phase, kind, len(per_layer), step.tokens,
+    return MoeLayerRow(phase, kind, len(layers), step.tokens,
                        len(parts["dispatch"]), sum(o.bytes for o in parts["dispatch"]),
                        len(parts["combine"]), sum(o.bytes for o in parts["combine"]),
                        len(other), sum(o.bytes for o in other))

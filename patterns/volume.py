@@ -47,13 +47,17 @@ def _calls_in_deployment(op: Op, ranks_in_stage: int) -> Fraction:
 
 
 def _walk(pattern: Pattern) -> Iterator[tuple[Op, Fraction]]:
-    """Every op of every (DP rank, stage) with the calls of the deployment it stands for."""
-    ranks_in_stage = pattern.layout.tp
+    """Every distinct op of every (DP rank, stage) with the calls of the deployment it
+    stands for (equal ops are counted together: DP replicas repeat the same calls)."""
+    repeats: dict[Op, int] = {}
     for replica in pattern.replicas():
         for runs in replica:
             for run in runs:
                 for op in run.step.ops:
-                    yield op, _calls_in_deployment(op, ranks_in_stage) * run.repeat
+                    repeats[op] = repeats.get(op, 0) + run.repeat
+    ranks_in_stage = pattern.layout.tp
+    for op, repeat in repeats.items():
+        yield op, _calls_in_deployment(op, ranks_in_stage) * repeat
 
 
 def volume_bytes(pattern: Pattern) -> dict[str, Fraction]:

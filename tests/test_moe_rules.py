@@ -96,7 +96,7 @@ def test_layout_validation_names_every_factor():
 
 def test_dense_model_with_dp_is_independent_replicas():
     dense = resolve_model("llama-3.1-8b")
-    said = notes(dense.is_moe, Layout(dp=4, tp=2))
+    said = notes(dense, Layout(dp=4, tp=2))
     assert said and "4 independent replicas, no call between them" in said[0]
     # vllm-v0 generates per-replica TP calls only: no dp or ep group in any op.
     from patterns import generate
@@ -186,8 +186,8 @@ def test_mixtral_tp2_without_ep_is_unchanged():
     ops = step_ops(MIXTRAL, layout, (7,), 0)
     assert len(ops) == 2 * 32 and by_kind(ops) == {("allreduce", "tp"): 64}
     assert {op.shape for op in ops} == {(7, 4096)}
-    said = notes(True, layout)
-    assert "MoE without --ep: experts sharded over the TP group of 2" in said[0]
+    said = notes(resolve_model("mixtral-8x7b"), layout)
+    assert "experts replicated over TP (one all-reduce per MoE layer)" in said[0]
 
 
 def test_llama4_scout_moe_every_layer():
@@ -217,8 +217,9 @@ def test_uneven_dp_batches():
     # rank to the largest (v1/worker/dp_utils.py _post_process_dp_padding): 8, equal.
     decode = [replica[0][1].step for replica in pat.replicas()]
     assert {s.tokens for s in decode} == {8} and decode[0].ops[1].counts is None
-    # One eager rank (T > 512, no graph) makes every rank keep its own count.
-    assert dp_padded_tokens([3, 600], graph_size) == (3, 600)
+    # One eager rank (T > 512, no graph) makes every rank keep its own padded count: 3 -> 4
+    # (row 1 of the coordination tensor is each rank's own padded count).
+    assert dp_padded_tokens([3, 600], graph_size) == (4, 600)
 
 
 def test_volume_by_group_counts_each_ep_call_once():

@@ -103,8 +103,8 @@ def title(pattern: Pattern) -> str:
 
 def pattern_notes(pattern: Pattern) -> list[str]:
     """What the table alone would not say: replicas, experts without EP, uneven DP ranks."""
-    said = notes(pattern.model.is_moe, pattern.layout)
-    if pattern.dp_stages:
+    said = notes(pattern.model, pattern.layout)
+    if any(replica != pattern.dp_stages[0] for replica in pattern.dp_stages[1:]):
         said.append("DP ranks issue different shapes (--dp-batches): the rows are DP rank "
                     "0's; the volume counts every rank's calls")
     return said
