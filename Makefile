@@ -15,7 +15,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check $(TORCH_PIN)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[torch,mpi,plot,dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[torch,mpi,plot,analysis,dev]'
 	touch $(STAMP)
 
 # The main job: Llama-3.1-8B TP2 replayed on 2 local ranks, over gloo and over MPI.
@@ -30,10 +30,17 @@ lint: setup
 test: lint
 	$(BIN)/python -m pytest
 
+# pytest-benchmark with its own configuration (benchmarks/pytest.ini); each run is saved
+# under .benchmarks/<suite> and compared with the previous one there when there is one
+# (--benchmark-compare last: it takes an optional value).
+BENCH := $(BIN)/python -m pytest -c benchmarks/pytest.ini --benchmark-autosave
+compare_with = $$(ls -d .benchmarks/$(1)/*/ >/dev/null 2>&1 && echo --benchmark-compare)
 bench: setup
-	$(BIN)/python benchmarks/pattern_generation.py
-	$(BIN)/python benchmarks/replay_overhead.py --backend mpi
-	$(BIN)/python benchmarks/replay_overhead.py --backend torch -n 5
+	$(BENCH) benchmarks/bench_pattern_generation.py --benchmark-storage=.benchmarks/patterns \
+	  $(call compare_with,patterns)
+	PATH="$(abspath $(BIN)):$$PATH" OMP_NUM_THREADS=1 $(BIN)/mpiexec -n 2 $(BENCH) \
+	  benchmarks/bench_replay_overhead.py --benchmark-storage=.benchmarks/replay \
+	  $(call compare_with,replay)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache

@@ -6,18 +6,40 @@
 """
 
 from patterns.dtypes import canonical_dtype, dtype_bytes
-from patterns.engines import ENGINES, generate
+from patterns.engines import ENGINE_INFO, ENGINES, EngineInfo, generate
 from patterns.errors import ConfigError
 from patterns.layout import Layout, Workload
 from patterns.models import PRESETS, ModelConfig, from_hf_config, resolve_model
-from patterns.ops import Op, OpKind, Phase, Step
+from patterns.ops import Op, OpKind, Phase, Step, Transport
 from patterns.pattern import EngineOptions, Pattern, Run
 from patterns.summary import PatternRow, pattern_rows
 from patterns.volume import op_volume, volume_by_group, volume_bytes
 
 __all__ = [
-    "ENGINES", "PRESETS", "ConfigError", "EngineOptions", "Layout", "ModelConfig", "Op",
-    "OpKind", "Pattern", "PatternRow", "Phase", "Run", "Step", "Workload", "canonical_dtype",
-    "dtype_bytes", "from_hf_config", "generate", "op_volume", "pattern_rows", "resolve_model",
-    "volume_by_group", "volume_bytes",
+    "ENGINES",
+    "ENGINE_INFO",
+    "PRESETS",
+    "ConfigError",
+    "EngineInfo",
+    "EngineOptions",
+    "Layout",
+    "ModelConfig",
+    "Op",
+    "OpKind",
+    "Pattern",
+    "PatternRow",
+    "Phase",
+    "Run",
+    "Step",
+    "Transport",
+    "Workload",
+    "canonical_dtype",
+    "dtype_bytes",
+    "from_hf_config",
+    "generate",
+    "op_volume",
+    "pattern_rows",
+    "resolve_model",
+    "volume_by_group",
+    "volume_bytes",
 ]

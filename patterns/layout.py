@@ -47,8 +47,10 @@ class Layout:
         heads = model.num_attention_heads
         if heads % self.tp:
             allowed = ", ".join(map(str, _divisors(heads)))
+            # MLA attention asserts the same (vLLM models/deepseek_v2.py:478).
+            mla = " (MLA attention splits its heads over TP too)" if model.mla else ""
             raise ConfigError(f"tp({self.tp}) does not divide num_attention_heads({heads}) of "
-                              f"{model.name}; use tp in {allowed}")
+                              f"{model.name}{mla}; use tp in {allowed}")
         if self.ep:
             if not model.is_moe:
                 raise ConfigError(f"ep needs a mixture-of-experts model; {model.name} is dense "

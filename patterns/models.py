@@ -28,10 +28,22 @@ class ModelConfig:
     num_local_experts: int = 0  # 0 for a dense model
     num_experts_per_tok: int = 0
     source: str = ""
+    model_type: str = "llama"  # HF model_type: sets the module names of the tags
+    # Indices of the MoE layers; None: every layer of a model with experts, none otherwise.
+    moe_layers: tuple[int, ...] | None = None
+    mla: bool = False  # multi-head latent attention (DeepSeek: kv_lora_rank in the config)
+
+    def __post_init__(self) -> None:
+        if self.moe_layers is None:
+            layers = tuple(range(self.num_hidden_layers)) if self.num_local_experts > 1 else ()
+            object.__setattr__(self, "moe_layers", layers)
 
     @property
     def is_moe(self) -> bool:
-        return self.num_local_experts > 1
+        return self.num_local_experts > 1 and bool(self.moe_layers)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.num_local_experts > 1 and layer in (self.moe_layers or ())
 
     @property
     def default_dtype(self) -> str:
@@ -48,6 +60,20 @@ def _llama(name: str, h: int, layers: int, vocab: int, heads: int, kv: int, inte
 
 
 _HF = "https://huggingface.co/"
+
+
+def mlp_module(model: ModelConfig, layer: int) -> str:
+    """The module whose output a layer's second all-reduce sums, as the engine names it.
+
+    Dense layers (of a dense or a MoE model) reduce `down_proj`; MoE layers reduce the
+    experts' summed output (shared experts included) once.
+    """
+    prefix = "feed_forward" if model.model_type.startswith("llama4") else "mlp"
+    if not model.is_moe_layer(layer):
+        return f"{prefix}.down_proj"
+    if model.model_type == "llama" or model.model_type == "mixtral":
+        return "block_sparse_moe"  # Mixtral's module name (models/mixtral.py)
+    return f"{prefix}.experts"
 
 # Numbers from engine_comm_spec.md section 8; each source is a public copy of the official
 # config.json (its `_name_or_path` names the official repository).
@@ -70,14 +96,67 @@ PRESETS: dict[str, ModelConfig] = {m.name: m for m in (
     ModelConfig(name="mixtral-8x7b", hidden_size=4096, num_hidden_layers=32, vocab_size=32000,
                 num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
                 torch_dtype="bf16", num_local_experts=8, num_experts_per_tok=2,
+                model_type="mixtral",
                 source=_HF + "mistralai/Mixtral-8x7B-Instruct-v0.1 @eba92302"),
     _llama("qwen2.5-7b", 3584, 28, 152064, 28, 4, 18944, "bf16",
            _HF + "AmberYifan/Qwen2.5-7B-gen-dpo-10k (from Qwen/Qwen2.5-7B)"),
+    # tests/data/configs/README.md lists the copies these four were read from.
+    ModelConfig(name="qwen3-8b", hidden_size=4096, num_hidden_layers=36, vocab_size=151936,
+                num_attention_heads=32, num_key_value_heads=8, intermediate_size=12288,
+                torch_dtype="bf16", model_type="qwen3",
+                source=_HF + "Qwen/Qwen3-8B config.json (copy: tests/data/configs/qwen3-8b)"),
+    ModelConfig(name="qwen3-30b-a3b", hidden_size=2048, num_hidden_layers=48,
+                vocab_size=151936, num_attention_heads=32, num_key_value_heads=4,
+                intermediate_size=6144, torch_dtype="bf16", num_local_experts=128,
+                num_experts_per_tok=8, model_type="qwen3_moe",
+                source=_HF + "Qwen/Qwen3-30B-A3B config.json (copy: tests/data/configs/"
+                       "qwen3-30b-a3b)"),
+    ModelConfig(name="deepseek-v3", hidden_size=7168, num_hidden_layers=61, vocab_size=129280,
+                num_attention_heads=128, num_key_value_heads=128, intermediate_size=18432,
+                torch_dtype="bf16", num_local_experts=256, num_experts_per_tok=8,
+                model_type="deepseek_v3", moe_layers=tuple(range(3, 61)), mla=True,
+                source=_HF + "deepseek-ai/DeepSeek-V3 config.json (= DeepSeek-R1's, copy: "
+                       "tests/data/configs/deepseek-r1; first_k_dense_replace 3, MLA)"),
+    ModelConfig(name="gpt-oss-120b", hidden_size=2880, num_hidden_layers=36, vocab_size=201088,
+                num_attention_heads=64, num_key_value_heads=8, intermediate_size=2880,
+                torch_dtype="fp32", num_local_experts=128, num_experts_per_tok=4,
+                model_type="gpt_oss",
+                source=_HF + "openai/gpt-oss-120b config.json (as tests/data/configs/"
+                       "gpt-oss-20b with 36 layers, 128 experts; no torch_dtype: bf16)"),
 )}
 
 _REQUIRED = ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads")
 # Expert-count field names differ between model families.
 _EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts")
+_TOP_K_FIELDS = ("num_experts_per_tok", "experts_per_token")
+
+# Fields a family's config.json may leave out, with the defaults of its transformers config
+# class, which is what transformers (and so vLLM) reads then: a Gemma 3 text_config may hold
+# only what differs from Gemma3TextConfig (huggingface/transformers @ 008f5c8c,
+# models/gemma3/configuration_gemma3.py, Gemma3TextConfig.__init__).
+_FAMILY_DEFAULTS: dict[str, dict[str, object]] = {
+    "gemma3_text": {"vocab_size": 262208, "num_attention_heads": 8,
+                    "num_key_value_heads": 4, "head_dim": 256, "sliding_window": 4096,
+                    "tie_word_embeddings": True},
+}
+
+
+def _moe_layers(raw: dict[str, object], layers: int, experts: int) -> tuple[int, ...]:
+    """Which layers are MoE, by each family's rule in vLLM's model file."""
+    if experts <= 1:
+        return ()
+    if "first_k_dense_replace" in raw:  # models/deepseek_v2.py: DeepseekV2DecoderLayer
+        first = int(raw.get("first_k_dense_replace") or 0)
+        freq = int(raw.get("moe_layer_freq") or 1)
+        return tuple(i for i in range(layers) if i >= first and i % freq == 0)
+    if "interleave_moe_layer_step" in raw:  # models/llama4.py: Llama4DecoderLayer
+        step = int(raw.get("interleave_moe_layer_step") or 0)
+        return tuple(i for i in range(layers) if step > 0 and (i + 1) % step == 0)
+    if "decoder_sparse_step" in raw:  # models/qwen3_moe.py (and qwen2_moe.py)
+        step = int(raw.get("decoder_sparse_step") or 1)
+        dense = set(raw.get("mlp_only_layers") or ())  # type: ignore[call-overload]
+        return tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0)
+    return tuple(range(layers))  # Mixtral, gpt-oss: every layer
 
 
 def _positive_int(raw: dict[str, object], field: str, where: str) -> int:
@@ -104,9 +183,11 @@ def from_hf_config(path: str | Path) -> ModelConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{file}: holds a JSON {type(raw).__name__}; a Hugging Face "
                           "config.json is one JSON object")
-    # Multimodal configs keep the language model's fields under text_config.
+    # Multimodal configs (Gemma 3, Llama 4) keep the language model's fields under
+    # text_config; its model_type (gemma3_text, llama4_text) is the one that matters.
     if "hidden_size" not in raw and isinstance(raw.get("text_config"), dict):
         raw = {**raw, **raw["text_config"]}
+    raw = {**_FAMILY_DEFAULTS.get(str(raw.get("model_type")), {}), **raw}
     missing = [f for f in _REQUIRED if f not in raw]
     if missing:
         raise ConfigError(f"{file}: lacks {', '.join(missing)}; a decoder model's config.json "
@@ -114,8 +195,10 @@ def from_hf_config(path: str | Path) -> ModelConfig:
     where = str(file)
     values = {f: _positive_int(raw, f, where) for f in _REQUIRED}
     kv = raw.get("num_key_value_heads") or values["num_attention_heads"]
-    experts = next((raw[f] for f in _EXPERT_FIELDS if raw.get(f)), 0)
+    experts = int(next((raw[f] for f in _EXPERT_FIELDS if raw.get(f)), 0))
+    top_k = int(next((raw[f] for f in _TOP_K_FIELDS if raw.get(f)), 0))
     try:
+        # No dtype at all (gpt-oss) is float32 to transformers, which vLLM serves as bf16.
         dtype = canonical_dtype(str(raw.get("torch_dtype") or raw.get("dtype") or "float32"))
     except ConfigError as err:
         raise ConfigError(f"{where}: {err}") from None
@@ -126,9 +209,12 @@ def from_hf_config(path: str | Path) -> ModelConfig:
         intermediate_size=int(raw.get("intermediate_size") or 4 * values["hidden_size"]),
         torch_dtype=dtype,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        num_local_experts=int(experts),
-        num_experts_per_tok=int(raw.get("num_experts_per_tok") or 0),
+        num_local_experts=experts,
+        num_experts_per_tok=top_k,
         source=str(file.resolve()),
+        model_type=str(raw.get("model_type") or "llama"),
+        moe_layers=_moe_layers(raw, values["num_hidden_layers"], experts),
+        mla=bool(raw.get("kv_lora_rank")),
         **values,
     )
 

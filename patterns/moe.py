@@ -65,7 +65,7 @@ from collections.abc import Callable, Sequence
 from patterns.dp_steps import RankStep
 from patterns.layout import Layout
 from patterns.models import ModelConfig
-from patterns.ops import Op, OpKind, Phase
+from patterns.ops import Op, OpKind, Phase, Transport
 
 A2A_MODES = ("allgather_reducescatter", "alltoall")
 
@@ -108,9 +108,8 @@ def notes(model: ModelConfig, layout: Layout) -> list[str]:
         out.append(f"dp({layout.dp}) with a dense model: {layout.dp} independent replicas, "
                    "no call between them; every replica issues the calls below")
     elif model.is_moe and layout.dp == 1:
-        moe_layers = getattr(model, "moe_layers", None) or range(model.num_hidden_layers)
         what = (f"{model.name} is a MoE model ({model.num_local_experts} experts, "
-                f"{len(moe_layers)} MoE layers): ")
+                f"{len(model.moe_layers or ())} MoE layers): ")
         if layout.ep:
             out.append(what + f"--ep at dp 1 makes the EP group the TP group of {layout.tp}; "
                        "tokens are replicated there, so one all-reduce per MoE layer and no "
@@ -157,7 +156,8 @@ def vllm_dp_coordination(layout: Layout, runner: str = "v2") -> list[Op]:
         return []
     shape = (DP_SYNC_ROWS[runner], layout.dp)
     return [Op(kind=OpKind.ALLREDUCE, group="dp", group_size=layout.dp, shape=shape,
-               out_shape=shape, dtype="int32", tag="dp_utils.coordinate_batch_across_dp")]
+               out_shape=shape, dtype="int32", tag="dp_utils.coordinate_batch_across_dp",
+               transport=Transport.GLOO)]
 
 
 def vllm_moe_layer(prefix: str, layout: Layout, tokens: Sequence[int], dp_rank: int,
@@ -190,10 +190,10 @@ def vllm_moe_layer(prefix: str, layout: Layout, tokens: Sequence[int], dp_rank: 
     if a2a == "alltoall":  # --ep here (checked above): EP group of dp x tp
         per_peer = _ceil_div(max(chunks) * top_k, dp * tp)
         shape = ((dp * tp) * per_peer, hidden)
-        ops.append(Op(kind=OpKind.ALLTOALL, group="ep", group_size=dp * tp, shape=shape,
-                      out_shape=shape, dtype=dtype, tag=f"{prefix}.dispatch"))
-        ops.append(Op(kind=OpKind.ALLTOALL, group="ep", group_size=dp * tp, shape=shape,
-                      out_shape=shape, dtype=dtype, tag=f"{prefix}.combine"))
+        for phase in ("dispatch", "combine"):
+            ops.append(Op(kind=OpKind.ALLTOALL, group="ep", group_size=dp * tp, shape=shape,
+                          out_shape=shape, dtype=dtype, tag=f"{prefix}.{phase}",
+                          transport=Transport.NVSHMEM))
     else:
         index = dp_rank * tp if sequence_parallel else dp_rank  # any TP rank: equal rows
         ops.append(_allgather(group, rows, index, hidden, dtype,
@@ -246,7 +246,7 @@ def sglang_mlp_sync(layout: Layout) -> list[Op]:
     n = layout.dp * layout.tp
     return [Op(kind=OpKind.ALLGATHER, group="ep", group_size=n, shape=(MLP_SYNC_FIELDS,),
                out_shape=(n * MLP_SYNC_FIELDS,), dtype="int64",
-               tag="scheduler.MLPSyncBatchInfo.all_gather")]
+               tag="scheduler.MLPSyncBatchInfo.all_gather", transport=Transport.GLOO)]
 
 
 def sglang_dp_layer(prefix: str, layout: Layout, tokens: Sequence[int], dp_rank: int,
@@ -271,7 +271,8 @@ def sglang_dp_layer(prefix: str, layout: Layout, tokens: Sequence[int], dp_rank:
         shape = (n * per_peer, hidden)
         for phase in ("dispatch", "combine"):
             ops.append(Op(kind=OpKind.ALLTOALL, group="ep", group_size=n, shape=shape,
-                          out_shape=shape, dtype=dtype, tag=f"{prefix}.experts.{phase}"))
+                          out_shape=shape, dtype=dtype, tag=f"{prefix}.experts.{phase}",
+                          transport=Transport.NVSHMEM))
         return ops
     if mode == "sum_len":
         total = sum(tokens)

@@ -21,6 +21,22 @@ class OpKind(StrEnum):
 P2P_KINDS = frozenset({OpKind.SEND, OpKind.RECV})
 
 
+class Transport(StrEnum):
+    """What carries a call in the engine (engine spec 10.2); replay sends every call through
+    its own backend whatever this says."""
+
+    NCCL = "nccl"
+    CUSTOM_ALLREDUCE = "custom-allreduce"  # the engine's IPC all-reduce kernel
+    FUSED_ALLREDUCE_RMSNORM = "fused-allreduce-rmsnorm"  # FlashInfer/TRT-LLM fused kernel
+    SYMM_MEM = "symm-mem"  # torch symmetric-memory all-reduce
+    MULTIMEM = "multimem"  # NVLS multicast (multimem) kernels
+    GLOO = "gloo"  # a CPU group
+    NVSHMEM = "nvshmem"  # DeepEP-style all-to-all kernels (NVSHMEM / IPC), not NCCL
+
+
+DEVICE_TRANSPORTS = frozenset(Transport) - {Transport.GLOO}
+
+
 class Phase(StrEnum):
     PREFILL = "prefill"
     DECODE = "decode"
@@ -33,7 +49,8 @@ class Op:
     `shape` is the rank's input (for recv: the buffer it receives into); `out_shape` is the
     result (the root's for gather; equal to `shape` for in-place calls). `peer` is the other
     side's rank in `group` for send/recv; `root` the root's rank in `group` for gather and
-    broadcast. `tag` names the engine code that issues the call.
+    broadcast. `tag` names the engine code that issues the call; `transport` what the
+    engine sends it through under its defaults.
 
     `counts` makes an all-gather or reduce-scatter uneven (all-gatherv, reduce-scatterv):
     the elements of each group rank's part, in group order (its input for an all-gather, its
@@ -49,6 +66,7 @@ class Op:
     tag: str
     peer: int | None = None
     root: int | None = None
+    transport: Transport = Transport.NCCL
     counts: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:

@@ -3,21 +3,47 @@
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from patterns.errors import ConfigError
 from patterns.layout import Layout, Workload
 from patterns.models import ModelConfig
 from patterns.ops import Phase, Step
 
+GPUS = ("h100", "h200", "b200", "a100")
+MODEL_RUNNERS = ("v1", "v2")
+
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """Switches that change what an engine issues (defaults: vLLM's on a GPU)."""
+    """Switches that change what an engine issues (defaults: the engine's own on an H100).
 
-    eager: bool = False  # True: no CUDA graphs, so decode batches are not padded
-    max_batched_tokens: int | None = None  # chunked prefill's token budget per step
-    control_plane: bool = False  # the per-step broadcasts of model inputs (V0's C1)
-    # How MoE layers exchange tokens under --dp N --ep (patterns/moe.py A2A_MODES):
-    # vLLM's default all-gather + reduce-scatter, or DeepEP-style all-to-all.
+    Each profile lists the options it reads (`EngineInfo.options`); `generate` refuses a
+    non-default value of an option the chosen profile does not read.
+    """
+
+    eager: bool = False  # True: no CUDA graphs, so batches are not padded to capture sizes
+    max_batched_tokens: int | None = None  # chunked prefill's token budget (None: engine's)
+    control_plane: bool = False  # per-step control broadcasts (V0's C1, SGLang's gloo one)
+    gpu: str = "h100"  # sets which transport carries each call (engine spec 10.2)
+    nccl_only: bool = False  # custom all-reduce and fusions off: every device call on NCCL
+    model_runner: str | None = None  # vLLM V1's model runner v1 or v2; None: vLLM's default
+    sp: bool = False  # Megatron sequence parallelism
+    max_num_seqs: int | None = None  # None: the engine's default
+    # How MoE layers exchange tokens under --dp N (patterns/moe.py A2A_MODES): vLLM's
+    # default all-gather + reduce-scatter, or DeepEP-style all-to-all (needs --ep).
     a2a: str = "allgather_reducescatter"
+
+    def __post_init__(self) -> None:
+        if self.gpu not in GPUS:
+            raise ConfigError(f"gpu {self.gpu!r} is not modelled; use one of {', '.join(GPUS)}")
+        if self.model_runner is not None and self.model_runner not in MODEL_RUNNERS:
+            raise ConfigError(f"model-runner {self.model_runner!r} does not exist; use one of "
+                              f"{', '.join(MODEL_RUNNERS)}")
+        for name in ("max_batched_tokens", "max_num_seqs"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise ConfigError(f"{name.replace('_', '-')}({value!r}) must be a positive "
+                                  "integer")
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 import re
 from dataclasses import dataclass
 
-from patterns.ops import Op, Phase, Step
+from patterns.ops import Op, Phase, Step, Transport
 from patterns.pattern import Pattern
 
 
@@ -19,10 +19,11 @@ class PatternRow:
     dtype: str
     count: int  # calls by one rank of the stage over the whole phase
     bytes: int  # input bytes of one call
+    transport: Transport = Transport.NCCL  # what the engine sends these calls through
 
 
 def _key(phase: Phase, stage: int, op: Op) -> tuple[object, ...]:
-    return (phase, stage, op.kind, op.group, op.shape, op.out_shape, op.dtype)
+    return (phase, stage, op.kind, op.group, op.shape, op.out_shape, op.dtype, op.transport)
 
 
 def pattern_rows(pattern: Pattern) -> list[PatternRow]:
@@ -41,9 +42,28 @@ def pattern_rows(pattern: Pattern) -> list[PatternRow]:
     return [
         PatternRow(phase=key[0], stage=key[1], op=op.kind.value, group=op.group,  # type: ignore[arg-type]
                    group_size=op.group_size, shape=op.shape, out_shape=op.out_shape,
-                   dtype=op.dtype, count=counts[key], bytes=op.bytes)
+                   dtype=op.dtype, count=counts[key], bytes=op.bytes, transport=op.transport)
         for key, op in first.items()
     ]
+
+
+def transport_split(pattern: Pattern) -> dict[Phase, dict[Transport, tuple[int, int]]]:
+    """Per phase, (calls, bytes) per transport on the busiest rank of each stage, summed
+    over stages: what one inference sends through each transport, rank by rank."""
+    split: dict[Phase, dict[Transport, tuple[int, int]]] = {}
+    for row in pattern_rows(pattern):
+        calls, nbytes = split.setdefault(row.phase, {}).get(row.transport, (0, 0))
+        split[row.phase][row.transport] = (calls + row.count, nbytes + row.count * row.bytes)
+    return split
+
+
+def engine_transport_calls(pattern: Pattern, stage: int) -> dict[Transport, int]:
+    """Calls per inference of one rank of `stage`, by the transport the engine would use."""
+    calls: dict[Transport, int] = {}
+    for run in pattern.stages[stage]:
+        for op in run.step.ops:
+            calls[op.transport] = calls.get(op.transport, 0) + run.repeat
+    return calls
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Rank-max figures from synthetic marks, checked by hand."""
 
 import numpy as np
+import pytest
 
 from microbench.replay import aggregate
 from microbench.replay.replayer import RankSamples
@@ -28,9 +29,14 @@ def test_slowest_rank_per_inference_and_per_step():
     assert figures["decode_steps_us"].tolist() == [[5, 15], [11, 2]]
     head = aggregate.headline(figures, decode_steps=2)
     assert head["prefill_us"] == 11.5 and head["e2e_us"] == 26
-    assert head["decode_step_us"] == 8.0  # median of 5, 15, 11, 2
+    # decode_step_us (results/metrics.py): rank-max decode / steps per inference, 20/2 = 10
+    # and 13/2 = 6.5, median 8.25 (the median of the single steps 5, 15, 11, 2 would be 8.0).
+    assert head["decode_step_us"] == 8.25
+    # p99 of the single steps 2, 5, 11, 15: 11 + 0.97 x (15 - 11) = 14.88 (linear).
+    assert head["decode_step_p99_us"] == pytest.approx(14.88)
     rows = aggregate.iteration_rows(figures, decode_steps=2)
-    assert rows[0]["decode_step_mean_us"] == 10 and rows[1]["decode_step_max_us"] == 11
+    assert [r["decode_step_mean_us"] for r in rows] == [10, 6.5]
+    assert rows[0]["decode_step_median_us"] == 10 and rows[1]["decode_step_max_us"] == 11
 
 
 def test_inference_level_has_no_p99():

@@ -11,6 +11,8 @@ import pytest
 from tests.conftest import last_json
 
 BASE = ["pattern", "--model", "llama-3.1-8b", "--prompt", "128", "--decode", "128"]
+# The published-table profile: these tests pin V0's exact rows (gather, not all-gather).
+BASE_V0 = [*BASE, "--engine", "vllm-v0"]
 
 
 def test_models_lists_every_preset_with_source(cli):
@@ -19,13 +21,14 @@ def test_models_lists_every_preset_with_source(cli):
     models = {m["name"]: m for m in last_json(out)["models"]}
     assert set(models) == {"llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b", "llama-2-7b",
                            "llama-2-13b", "llama-3.1-70b", "llama-3.1-405b", "mixtral-8x7b",
-                           "qwen2.5-7b"}
+                           "qwen2.5-7b", "qwen3-8b", "qwen3-30b-a3b", "deepseek-v3",
+                           "gpt-oss-120b"}
     assert models["llama-3.1-405b"]["num_key_value_heads"] == 8
     assert all(m["source"].startswith("https://huggingface.co/") for m in models.values())
 
 
 def test_json_document(cli):
-    status, out, _ = cli(*BASE, "--tp", "2", "--pp", "2", "--format", "json")
+    status, out, _ = cli(*BASE_V0, "--tp", "2", "--pp", "2", "--format", "json")
     assert status == 0 and len(out.strip().splitlines()) == 1
     doc = json.loads(out)
     assert set(doc) >= {"model", "layout", "workload", "engine", "rows", "volume_bytes"}
@@ -33,19 +36,20 @@ def test_json_document(cli):
     row = doc["rows"][0]
     assert row == {"phase": "prefill", "stage": 0, "op": "allreduce", "group": "tp",
                    "group_size": 2, "shape": [128, 4096], "out_shape": [128, 4096],
-                   "dtype": "bf16", "count": 33, "bytes": 128 * 4096 * 2}
+                   "dtype": "bf16", "count": 33, "bytes": 128 * 4096 * 2, "transport": "nccl"}
     assert set(doc["volume_bytes"]) == {"allreduce", "allgather", "reducescatter", "gather",
                                         "broadcast", "send", "recv", "alltoall", "p2p", "total"}
     assert doc["volume_bytes"]["total"] == 158_466_048  # hand-computed in test_volume.py
 
 
 def test_csv_rows(cli):
-    status, out, _ = cli(*BASE, "--tp", "4", "--format", "csv")
+    status, out, _ = cli(*BASE_V0, "--tp", "4", "--format", "csv")
     rows = list(csv.DictReader(io.StringIO(out)))
     assert status == 0 and len(rows) == 4
     assert rows[-1] == {"phase": "decode", "stage": "0", "op": "gather", "group": "tp",
                         "group_size": "4", "shape": "1x32064", "out_shape": "1x128256",
-                        "dtype": "bf16", "count": "127", "bytes": str(32064 * 2)}
+                        "dtype": "bf16", "count": "127", "bytes": str(32064 * 2),
+                        "transport": "nccl"}
 
 
 def test_table_and_summary_line(cli):
@@ -53,25 +57,28 @@ def test_table_and_summary_line(cli):
     assert status == 0
     assert "allreduce" in out and "8,255" in out
     summary = last_json(out)
-    assert summary["calls_per_inference"] == 66 * 128  # 65 allreduces + 1 gather, 128 steps
+    # vllm (V1): 65 allreduces + 1 logits all-gather per step, 128 steps
+    assert summary["calls_per_inference"] == 66 * 128
     assert summary["volume_bytes"] == 152_199_168
 
 
 def test_steps_lists_ordered_calls(cli):
-    status, out, _ = cli(*BASE, "--tp", "2", "--pp", "2", "--steps", "--format", "json")
+    status, out, _ = cli(*BASE_V0, "--tp", "2", "--pp", "2", "--steps", "--format", "json")
     steps = json.loads(out)["steps"]
     assert [(s["stage"], s["phase"], len(s["ops"])) for s in steps] == [
         (0, "prefill", 35), (0, "decode", 35), (1, "prefill", 37), (1, "decode", 37)]
     assert steps[2]["ops"][0] == {"op": "recv", "group": "pp", "group_size": 2,
                                   "shape": [262144], "out_shape": [262144], "dtype": "bf16",
-                                  "tag": "pp.hidden_states", "peer": 0, "root": None}
+                                  "tag": "pp.hidden_states", "peer": 0, "root": None,
+                                  "transport": "nccl"}
     status, text, _ = cli(*BASE, "--tp", "2", "--steps")
     assert status == 0 and "layers.31.mlp.down_proj" in text
 
 
 BAD_INPUT = [
     (["--model", "gpt-9"], "unknown model 'gpt-9'; use a preset (llama-3.2-1b"),
-    (["--engine", "trtllm-v9"], "unknown engine 'trtllm-v9'; use one of vllm-v0"),
+    (["--engine", "trtllm-v9"],
+     "unknown engine 'trtllm-v9'; use one of megatron, sglang, trtllm, vllm, vllm-v0"),
     (["--tp", "3"], "tp(3) does not divide num_attention_heads(32) of llama-3.1-8b"),
     (["--pp", "33"], "pp(33) exceeds num_hidden_layers(32)"),
     (["--prompt", "0"], "argument --prompt: 0 must be a positive integer"),

@@ -9,7 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from microbench.analysis.compare import bootstrap_ratio, compare_samples, verdict
+from microbench.analysis.compare import (
+    bootstrap_ratio,
+    compare_samples,
+    iterations_needed,
+    verdict,
+)
+from microbench.argtypes import UsageError
 from tests.conftest import last_json
 
 SAMPLES = Path(__file__).resolve().parent.parent / "results" / "examples" / "samples"
@@ -59,7 +65,47 @@ def test_constant_samples_give_an_exact_interval():
 def test_verdict_reads_the_interval():
     assert verdict(0.90, 0.99) == "faster"  # all of it below 1
     assert verdict(1.01, 1.20) == "slower"  # all of it above 1
-    assert verdict(0.99, 1.01) == "same"  # 1 inside: cannot tell
+    # 1 inside and within [1/1.05, 1.05] = [0.952, 1.05]: any difference is below 5%.
+    assert verdict(0.99, 1.01) == "same"
+    # 1 inside but reaching past 1.05 (or below 0.952): a 20% regression is as likely as
+    # none, so the samples cannot decide (the issue's ratio of 29 with [0.34, 44.7]).
+    assert verdict(0.99, 1.20) == "inconclusive"
+    assert verdict(0.34, 44.7) == "inconclusive"
+    assert verdict(0.94, 1.01) == "inconclusive"  # 0.94 < 1/1.05
+    # A wider threshold decides it: [0.99, 1.20] lies within [1/1.25, 1.25] = [0.8, 1.25].
+    assert verdict(0.99, 1.20, threshold=0.25) == "same"
+
+
+def test_iterations_that_would_decide():
+    # Widths scale as 1/sqrt(n), worked in log(ratio); n' = n / (0.95 k)^2, rounded up.
+    # Ratio 1, interval [1/1.2, 1.2], t = 0.05, 10 samples: both sides log 1.2 = 0.18232,
+    # the band log 1.05 = 0.04879, k = 0.04879 / 0.18232 = 0.26761 (to fit the band: same);
+    # n' = 10 / (0.95 x 0.26761)^2 = 10 / 0.064633 = 154.7 -> 155.
+    assert iterations_needed(1.0, 1 / 1.2, 1.2, 0.05, 10) == 155
+    # Ratio e^0.1 with [e^-0.1, e^0.3]: the lower side 0.2 must shrink below 0.1 (slower):
+    # k = 0.5, n' = 10 / (0.95 x 0.5)^2 = 10 / 0.225625 = 44.3 -> 45.
+    assert iterations_needed(np.exp(0.1), np.exp(-0.1), np.exp(0.3), 0.05, 10) == 45
+    # The issue's case: ratio 29 in [0.34, 44.7] from 3 samples: log 29 = 3.3673 over
+    # log(29 / 0.34) = 4.4461 -> k = 0.75737, n' = 3 / (0.95 x 0.75737)^2 = 5.79 -> 6.
+    assert iterations_needed(29.0, 0.34, 44.7, 0.05, 3) == 6
+    # A ratio of exactly 1 at threshold 0 is never decided.
+    assert iterations_needed(1.0, 0.99, 1.01, 0.0, 10) is None
+
+
+def test_few_or_wide_samples_are_inconclusive_never_same():
+    # Medians 300 and 300 (ratio 1), but each sample spreads from 100 to 500: the interval
+    # holds 1 and reaches far past 1.05 both ways.
+    a = np.array([100.0, 200, 300, 400, 500])
+    c = compare_samples("B", "e2e_us", a, a[::-1].copy(), threshold=0.05)
+    assert c.ratio == 1.0 and c.ci_low < 1 / 1.05 and c.ci_high > 1.05
+    assert c.verdict == "inconclusive" and not c.regression
+    assert c.iterations_needed is not None and c.iterations_needed > 5
+    # One sample each: a bootstrap interval of a single point says nothing of the spread.
+    c = compare_samples("B", "e2e_us", np.array([100.0]), np.array([130.0]), threshold=0.05)
+    assert (c.ci_low, c.ci_high) == (1.3, 1.3) and c.verdict == "inconclusive"
+    assert c.iterations_needed == 5  # MIN_SAMPLES
+    with pytest.raises(UsageError, match="no positive finite samples"):
+        compare_samples("B", "e2e_us", a, np.array([np.nan] * 5), threshold=0.05)
 
 
 def test_bootstrap_is_seeded():
@@ -68,9 +114,8 @@ def test_bootstrap_is_seeded():
     assert bootstrap_ratio(a, b) == bootstrap_ratio(a, b)
 
 
-def test_a_run_against_itself_is_the_same(cli):
+def test_a_run_against_itself_is_never_different(cli):
     status, out, err = cli("compare", str(MPI_REPLAY), str(MPI_REPLAY))
-    assert status == 0, err
     line = last_json(out)
     assert line["regressions"] == [] and line["kind"] == "replay"
     # Both runs were made with --timing op, so the op kinds (allreduce, gather) come too.
@@ -78,7 +123,18 @@ def test_a_run_against_itself_is_the_same(cli):
     assert names == ["prefill_us", "decode_step_us", "e2e_us", "allreduce_us", "gather_us"]
     for m in line["metrics"]:
         assert m["ratio"] == 1.0 and m["ci_low"] <= 1.0 <= m["ci_high"]
-        assert m["verdict"] == "same"
+        assert m["verdict"] in ("same", "inconclusive")
+    # Its 5 gather samples spread so far that the interval reaches past 1.05 (printed
+    # [0.863, 1.159]): inconclusive, exit 3, one line on stderr with the iterations needed:
+    # 5 / (0.95 x log 1.05 / log 1.159)^2 = 5 / (0.95 x 0.3308)^2 = 50.6 -> 51.
+    gather = line["metrics"][-1]
+    assert gather["verdict"] == "inconclusive" and gather["iterations_needed"] == 51
+    assert status == 3 and line["inconclusive"] == ["gather_us"]
+    assert len(err.strip().splitlines()) == 1
+    assert "inconclusive" in err and "gather_us" in err and "-n 51" in err
+    # A gate that accepts undecided metrics says so; they are still named.
+    status, out, err = cli("compare", str(MPI_REPLAY), str(MPI_REPLAY), "--inconclusive-ok")
+    assert status == 0 and "gather_us" in err
 
 
 def test_a_copy_slowed_by_30_percent_regresses(cli, tmp_path):
@@ -94,6 +150,23 @@ def test_a_copy_slowed_by_30_percent_regresses(cli, tmp_path):
     # A 35% threshold forgives it: 1.3 is not > 1 + 0.35.
     status, out, _ = cli("compare", str(MPI_REPLAY), str(slow), "--threshold", "0.35")
     assert status == 0 and last_json(out)["regressions"] == []
+
+
+def test_markdown_to_a_file(cli, tmp_path):
+    slow = slowed_copy(MPI_REPLAY, tmp_path / "slow", 1.3, ("iterations.csv", "ops.csv"))
+    md = tmp_path / "ci" / "compare.md"
+    status, out, err = cli("compare", str(MPI_REPLAY), str(slow), "--format", "markdown",
+                           "-o", str(md))
+    assert status == 1, err  # the regression still decides the exit status
+    text = md.read_text()
+    assert text.startswith("### infercomm compare")
+    assert "| metric | run | A median | median | ratio | 95% CI | verdict |" in text
+    assert "| e2e_us | B |" in text and "{" not in text  # the JSON line stays on stdout
+    assert "| metric |" not in out
+    line = last_json(out)
+    assert line["output"] == str(md) and "e2e_us" in line["regressions"]
+    status, out, err = cli("compare", str(MPI_REPLAY), str(slow), "-o", str(tmp_path))
+    assert status == 2 and out == "" and "name the file" in err
 
 
 def test_a_slowed_sweep_regresses(cli, tmp_path):
@@ -144,3 +217,22 @@ def test_bad_compare_input(cli, tmp_path):
     assert status == 2 and "is not a run folder" in err
     status, _, err = cli("compare", str(GLOO_SWEEP), str(MPI_SWEEP), "--threshold", "-1")
     assert status == 2 and "--threshold -1.0 must be zero or more" in err
+
+
+def test_runs_from_before_the_engine_options_compare_with_new_ones(cli, tmp_path):
+    # The committed samples recorded the engine as {name, eager, max_batched_tokens,
+    # control_plane}; a run made now also records gpu, nccl_only, model_runner, sp and
+    # max_num_seqs. At their defaults they are the same engine; a changed one is not.
+    newer = tmp_path / "newer"
+    shutil.copytree(MPI_REPLAY, newer)
+    meta = json.loads((newer / "meta.json").read_text())
+    assert "gpu" not in meta["pattern"]["engine"]
+    meta["pattern"]["engine"].update(gpu="h100", nccl_only=False, model_runner=None, sp=False,
+                                     max_num_seqs=None)
+    (newer / "meta.json").write_text(json.dumps(meta))
+    status, _, err = cli("compare", str(MPI_REPLAY), str(newer))
+    assert status == 0, err
+    meta["pattern"]["engine"]["gpu"] = "b200"
+    (newer / "meta.json").write_text(json.dumps(meta))
+    status, _, err = cli("compare", str(MPI_REPLAY), str(newer))
+    assert status == 2 and err.strip().endswith("engine.gpu differs: h100 in A, b200 in B")

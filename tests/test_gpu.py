@@ -33,7 +33,8 @@ def test_torch_nccl_replay_checks_data_on_two_gpus(tmp_path):
 def test_mpi_device_buffers_check_on_one_gpu(tmp_path, staging):
     # 4 ranks share one device: TP2xPP2 exercises allreduce, allgather, gather, send/recv.
     extra = ["--mpi-staging"] if staging else []
-    proc, _ = infercomm("replay", "--backend", "mpi", "--device", "cuda", "--model",
+    proc, _ = infercomm("replay", "--engine", "vllm-v0", "--backend", "mpi", "--device",
+                        "cuda", "--model",
                         tiny_model(tmp_path), "--tp", "2", "--pp", "2", "--prompt", "8",
                         "--decode", "4", "-n", "3", "--check", "--timing", "op", "--out",
                         str(tmp_path), *extra)

@@ -216,7 +216,7 @@ def test_dtype_follows_config_unless_given(tmp_path):
     (lambda: Layout(tp=0), "tp(0) must be a positive integer"),
     (lambda: resolve_model("llama-9"), "unknown model 'llama-9'"),
     (lambda: generate("vllm-v9", resolve_model("llama-3.1-8b"), Layout(), Workload(1, 1)),
-     "unknown engine 'vllm-v9'; use one of vllm-v0"),
+     "unknown engine 'vllm-v9'; use one of megatron, sglang, trtllm, vllm, vllm-v0"),
     (lambda: Workload(1, 1, dtype="int8"), "dtype 'int8' is not a model dtype"),
 ])
 def test_invalid_configs_say_what_and_what_instead(make, message):

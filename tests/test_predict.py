@@ -63,7 +63,8 @@ def test_predicted_tp2_pattern_by_hand(cli, tmp_path):
     sweep = fake_sweep(tmp_path / "sweep", {"allreduce": (10.0, 0.01), "gather": (20.0, 0.001),
                                             "sendrecv": (4.0, 0.002)})
     model = tiny_model(tmp_path)
-    status, out, err = cli("predict", "--sweep", str(sweep), "--model", model, "--tp", "2",
+    status, out, err = cli("predict", "--sweep", str(sweep), "--engine", "vllm-v0",
+                           "--model", model, "--tp", "2",
                            "--prompt", "8", "--decode", "4")
     assert status == 0, err
     p = last_json(out)["predicted"]
@@ -82,7 +83,8 @@ def test_predicted_tp2_pattern_by_hand(cli, tmp_path):
 def test_predicted_pp2_pattern_by_hand(cli, tmp_path):
     sweep = fake_sweep(tmp_path / "sweep", {"sendrecv": (4.0, 0.002)})
     model = tiny_model(tmp_path)
-    status, out, err = cli("predict", "--sweep", str(sweep), "--model", model, "--pp", "2",
+    status, out, err = cli("predict", "--sweep", str(sweep), "--engine", "vllm-v0",
+                           "--model", model, "--pp", "2",
                            "--prompt", "8", "--decode", "4")
     assert status == 0, err
     p = last_json(out)["predicted"]
@@ -98,7 +100,8 @@ def test_predicted_pp2_pattern_by_hand(cli, tmp_path):
 def test_missing_collective_is_one_line(cli, tmp_path):
     sweep = fake_sweep(tmp_path / "sweep", {"allreduce": (10.0, 0.01)})
     model = tiny_model(tmp_path)
-    status, out, err = cli("predict", "--sweep", str(sweep), "--model", model, "--tp", "2",
+    status, out, err = cli("predict", "--sweep", str(sweep), "--engine", "vllm-v0",
+                           "--model", model, "--tp", "2",
                            "--prompt", "8", "--decode", "4")
     assert status == 2 and out == ""
     assert len(err.strip().splitlines()) == 1

@@ -28,7 +28,9 @@ BACKENDS = ["torch", pytest.param("mpi", marks=needs_mpi)]
 
 
 def replay_args(model: str, tp: int, pp: int, backend: str, out: str, *extra: str) -> list[str]:
-    return ["replay", "--model", model, "--tp", str(tp), "--pp", str(pp), "--prompt", "8",
+    # vllm-v0: the counts above are V0's (a logits gather, no per-step broadcasts).
+    return ["replay", "--model", model, "--engine", "vllm-v0", "--tp", str(tp), "--pp", str(pp),
+            "--prompt", "8",
             "--decode", "4", "--backend", backend, "-n", "2", "-w", "1", "--out", out,
             "--timeout", "60", *extra]
 

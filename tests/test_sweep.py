@@ -136,7 +136,8 @@ def test_check_counts_wrong_elements(tmp_path):
 def test_sweep_from_pattern(tmp_path):
     model = tiny_model(tmp_path)
     proc, _ = infercomm(*_sweep_args(tmp_path / "res", "mpi", "--from-pattern", "--model",
-                                     model, "--tp", "2", "--pp", "2", "--prompt", "8",
+                                     model, "--engine", "vllm-v0", "--tp", "2", "--pp", "2",
+                                     "--prompt", "8",
                                      "--decode", "4", "-c"))
     assert proc.returncode == 0, proc.stderr
     line = last_json(proc.stdout)

@@ -215,7 +215,8 @@ def build(paths: list[RunFolder], sweep: RunFolder | None, threshold: float,
         tables["comparisons"] = comparisons
         entries.append(Entry("ratios", "Run vs baseline", figures.ratios(comparisons),
                              "Ratio of medians with its 95% bootstrap interval; green faster, "
-                             "red slower, grey cannot tell."))
+                             "red slower, grey same within the threshold, orange "
+                             "inconclusive (more iterations needed)."))
     predicted = predicted_rows(replays, sweep, notes) if sweep is not None else []
     if predicted and sweep is not None:
         tables["predicted"] = predicted
@@ -270,7 +271,9 @@ def render_html(entries: list[Entry], tables: dict[str, Any]) -> str:
         parts.append(_table(["metric", "baseline", "run", "ratio", "95% CI", "verdict"],
                             [[c["label"], _us(c["a_median_us"]), _us(c["b_median_us"]),
                               f"{c['ratio']:.3f}", f"[{c['ci_low']:.3f}, {c['ci_high']:.3f}]",
-                              c["verdict"]] for c in tables["comparisons"]]))
+                              c["verdict"] + (f" (-n {c['iterations_needed']})"
+                                              if c.get("iterations_needed") else "")]
+                             for c in tables["comparisons"]]))
     if "predicted" in tables:
         parts.append("<h2>Predicted vs measured</h2>")
         parts.append(_table(["metric", "predicted", "measured"],

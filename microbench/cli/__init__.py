@@ -14,18 +14,26 @@ from patterns import ConfigError
 # Each module defines `add_parser(subparsers)` and `run(args) -> int`.
 COMMAND_MODULES = (
     "microbench.cli.models",
+    "microbench.cli.engines",
     "microbench.cli.pattern",
     "microbench.cli.replay",
     "microbench.cli.sweep",
     "microbench.cli.compare",
     "microbench.cli.predict",
     "microbench.cli.report",
+    "microbench.cli.trace",
+    "microbench.cli.validate",
 )
 
 EXAMPLES = """\
 examples:
   infercomm models
+  infercomm engines
   infercomm pattern --model llama-3.1-8b --tp 2 --pp 2 --prompt 128 --decode 128
+  infercomm pattern --engine sglang --gpu h200 --model qwen3-8b --tp 4 --prompt 512 --decode 64
+  infercomm trace rank0.json rank1.json
+  infercomm validate --trace nccl.log --engine vllm-v0 --eager --model llama-3.1-8b \\
+      --tp 2 --prompt 128 --decode 128
 """
 
 

@@ -1,24 +1,33 @@
 """`infercomm compare RUN_A RUN_B [...]`: runs side by side, a verdict per metric, and an
-exit status for CI (1 when any metric regresses past --threshold)."""
+exit status for CI (1 when any metric regresses past --threshold, 3 when a metric cannot be
+decided from the samples)."""
 
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
-from microbench.analysis.compare import RESAMPLES, Comparison, compare_runs
+from microbench.analysis.compare import MIN_SAMPLES, RESAMPLES, Comparison, compare_runs
+from microbench.argtypes import UsageError
 from microbench.results.runs import RunFolder, load_run
 from microbench.views.textfmt import format_us, render_table
 
 EXAMPLES = """\
 examples:
   infercomm compare results/A results/B                     (A is the baseline)
-  infercomm compare A B --threshold 0.10 --format markdown  (a CI comment)
+  infercomm compare A B --threshold 0.10 --format markdown -o compare.md  (a CI comment)
   infercomm compare A B --sweep results/SWEEP               (predicted beside measured)
 
-verdict: faster when the 95% interval of B/A lies below 1, slower when above 1, else same;
-a regression is slower with B/A > 1 + threshold; exit status 1 when any metric regresses,
-2 when the runs did not measure the same thing.
+verdict: faster when the 95% interval of B/A lies below 1, slower when above 1, same when it
+holds 1 and lies within [1/(1+threshold), 1+threshold], inconclusive when it holds 1 but
+reaches past either (or a run has fewer than 5 samples); an inconclusive metric names the
+iterations (-n) per run that would likely decide it. A regression is slower with
+B/A > 1 + threshold.
+exit status: 0 no regression and every metric decided; 1 a regression (whatever else);
+2 bad input or runs that did not measure the same thing; 3 no regression found but some
+metric inconclusive, so a CI gate does not pass on samples that cannot tell
+(--inconclusive-ok makes that 0, still named on stderr).
 """
 
 
@@ -37,6 +46,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="table for a terminal, markdown for a CI comment")
     parser.add_argument("--sweep", default=None, metavar="SWEEP_RUN",
                         help="a sweep run: show the pattern's predicted times beside replays")
+    parser.add_argument("-o", "--output", default=None, metavar="FILE",
+                        help="write the table (or the markdown) to FILE instead of stdout; "
+                             "stdout still ends with the JSON line")
+    parser.add_argument("--inconclusive-ok", action="store_true",
+                        help="exit 0 rather than 3 when metrics are inconclusive (they are "
+                             "still named on stderr)")
     parser.set_defaults(run=run)
 
 
@@ -44,7 +59,6 @@ def predicted_for(base: RunFolder, sweep_path: str | None) -> dict[str, float] |
     if sweep_path is None:
         return None
     from microbench.analysis.predict import fit_sweep, predict_pattern
-    from microbench.argtypes import UsageError
     from microbench.results.runs import run_pattern, sweep_table
 
     sweep = load_run(sweep_path)
@@ -69,6 +83,8 @@ def table_rows(results: list[Comparison], runs: list[RunFolder],
     rows = []
     for c in results:
         verdict = c.verdict + (" REGRESSION" if c.regression else "")
+        if c.verdict == "inconclusive":
+            verdict += f" (-n {c.iterations_needed})" if c.iterations_needed else " (-n ?)"
         row = [c.metric, names[c.run], _us(c.a_median_us), _us(c.b_median_us),
                f"{c.ratio:.3f}", f"[{c.ci_low:.3f}, {c.ci_high:.3f}]", verdict]
         if with_predicted:
@@ -83,6 +99,10 @@ def markdown(header: list[str], rows: list[list[str]]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    output = Path(args.output) if args.output is not None else None
+    if output is not None and (args.output == "" or output.is_dir()):
+        raise UsageError(f"-o {args.output!r}: name the file to write the "
+                         f"{args.format} into")
     runs = [load_run(p) for p in args.runs]
     predicted = predicted_for(runs[0], args.sweep)
     results = compare_runs(runs, args.threshold, predicted)
@@ -91,22 +111,57 @@ def run(args: argparse.Namespace) -> int:
               + (" baseline" if i == 0 else "") for i, r in enumerate(runs)]
     note = (f"ratio = median(run) / median(A); 95% CI by bootstrap over iterations "
             f"({RESAMPLES} resamples, seed 0); regression = slower and ratio > "
-            f"{1 + args.threshold:g}")
+            f"{1 + args.threshold:g}; inconclusive = the CI holds 1 and reaches past "
+            f"[{1 / (1 + args.threshold):.3f}, {1 + args.threshold:g}] or fewer than "
+            f"{MIN_SAMPLES} samples; (-n N) = iterations per run likely to decide it")
     if args.format == "markdown":
-        print("\n".join(["### infercomm compare", "", *[f"- {line}" for line in legend], "",
-                         markdown(header, rows), "", f"_{note}_"]))
+        text = "\n".join(["### infercomm compare", "", *[f"- {line}" for line in legend], "",
+                          markdown(header, rows), "", f"_{note}_"])
     else:
-        print("\n".join([*legend, "", render_table(header, rows, right_align={
-            "A median", "median", "ratio", "predicted"}), "", note]))
+        text = "\n".join([*legend, "", render_table(header, rows, right_align={
+            "A median", "median", "ratio", "predicted"}), "", note])
+    if output is None:
+        print(text)
+    else:
+        write_text(output, text + "\n", args.output)
+        print(f"compare: {args.format} of {len(results)} metrics written to {output}")
     regressions = [c for c in results if c.regression]
+    inconclusive = [c for c in results if c.verdict == "inconclusive"]
     last: dict[str, Any] = {"baseline": str(runs[0].path), "runs": [str(r.path) for r in runs],
                             "kind": runs[0].kind, "threshold": args.threshold,
                             "regressions": [c.metric for c in regressions],
+                            "inconclusive": [c.metric for c in inconclusive],
                             "metrics": [c.as_dict() for c in results]}
+    if output is not None:
+        last["output"] = str(output)
     print(json.dumps(last, separators=(",", ":")))
+    if inconclusive:
+        needed = [c.iterations_needed for c in inconclusive if c.iterations_needed]
+        advice = (f"about -n {max(needed)} per run would likely decide "
+                  f"{'it' if len(inconclusive) == 1 else 'them'}" if needed else
+                  "more iterations cannot decide a ratio of 1 at threshold 0")
+        named = ", ".join(f"{c.metric} x{c.ratio:.3f} in {c.run} (95% CI {c.ci_low:.3f}-"
+                          f"{c.ci_high:.3f}, {c.samples} samples)" for c in inconclusive[:5])
+        more = f" and {len(inconclusive) - 5} more" if len(inconclusive) > 5 else ""
+        sys.stderr.write(f"infercomm compare: inconclusive at threshold {args.threshold:g}: "
+                         f"{named}{more}; {advice}\n")
     if regressions:
         named = ", ".join(f"{c.metric} x{c.ratio:.3f} in {c.run} (95% CI {c.ci_low:.3f}-"
                           f"{c.ci_high:.3f})" for c in regressions)
         sys.stderr.write(f"infercomm compare: regression beyond {args.threshold:g}: {named}\n")
         return 1
-    return 0
+    return 3 if inconclusive and not args.inconclusive_ok else 0
+
+
+def write_text(path: Path, text: str, given: str) -> None:
+    """The whole file or nothing: written beside it, then renamed over it."""
+    import os
+
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise UsageError(f"-o {given}: cannot write ({err.strerror})") from None

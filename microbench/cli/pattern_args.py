@@ -4,7 +4,9 @@ import argparse
 
 from microbench.argtypes import positive_int, positive_int_list
 from patterns import ENGINES, EngineOptions, Layout, Pattern, Workload, generate, resolve_model
+from patterns.engines import DEFAULT_ENGINE
 from patterns.moe import A2A_MODES, check_a2a
+from patterns.pattern import GPUS, MODEL_RUNNERS
 
 
 def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
@@ -31,16 +33,36 @@ def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True
                             "prefill samples (Sd-1 decode steps)")
     group.add_argument("--batch", type=positive_int, default=1,
                        help="requests in the batch B, per DP rank (default 1)")
-    group.add_argument("--engine", default="vllm-v0",
-                       help=f"engine profile: {', '.join(sorted(ENGINES))} (default vllm-v0)")
+    group.add_argument("--engine", default=DEFAULT_ENGINE,
+                       help=f"engine profile: {', '.join(sorted(ENGINES))} (default "
+                            f"{DEFAULT_ENGINE}; see `infercomm engines`)")
     group.add_argument("--dtype", default=None,
                        help="bf16, fp16 or fp32 (default: the model's torch_dtype)")
     group.add_argument("--eager", action="store_true",
-                       help="no CUDA graphs: decode batches are not padded to capture sizes")
+                       help="no CUDA graphs: batches are not padded to capture sizes")
     group.add_argument("--max-batched-tokens", type=positive_int, default=None,
-                       help="chunked prefill: at most N tokens per prefill step")
+                       help="chunked prefill: at most N tokens per prefill step (default: "
+                            "vllm 8192, 2048 on a100; sglang 8192, 16384 on b200; vllm-v0 and "
+                            "trtllm: no chunking)")
     group.add_argument("--control-plane", action="store_true",
-                       help="add V0's per-step broadcasts of the model inputs (off by default)")
+                       help="add the per-step control broadcasts: V0's model inputs, "
+                            "SGLang's gloo broadcast_pyobj (off by default)")
+    group.add_argument("--gpu", choices=GPUS, default="h100",
+                       help="GPU the engine runs on; sets which transport carries each call "
+                            "(default h100)")
+    group.add_argument("--nccl-only", action="store_true",
+                       help="custom all-reduce, symmetric memory and all-reduce fusions off: "
+                            "every device call on NCCL (the seeds' setting; for vLLM "
+                            "--disable-custom-all-reduce -O0 and VLLM_ALLREDUCE_USE_SYMM_MEM=0)")
+    group.add_argument("--model-runner", choices=MODEL_RUNNERS, default=None,
+                       help="vllm: Model Runner v1 or v2 (default: vLLM's for the model, v2 "
+                            "for dense models)")
+    group.add_argument("--max-num-seqs", type=positive_int, default=None,
+                       help="vllm: max_num_seqs (default 1024, 256 on a100); sets the "
+                            "CUDA-graph sizes")
+    group.add_argument("--sp", action="store_true",
+                       help="megatron: sequence parallelism (each all-reduce becomes a "
+                            "reduce-scatter and an all-gather)")
 
 
 def pattern_from_args(args: argparse.Namespace) -> Pattern:
@@ -51,6 +73,8 @@ def pattern_from_args(args: argparse.Namespace) -> Pattern:
                         dtype=args.dtype, dp_batches=args.dp_batches)
     check_a2a(args.a2a)
     options = EngineOptions(eager=args.eager, max_batched_tokens=args.max_batched_tokens,
-                            control_plane=args.control_plane, a2a=args.a2a)
+                            control_plane=args.control_plane, gpu=args.gpu,
+                            nccl_only=args.nccl_only, model_runner=args.model_runner,
+                            max_num_seqs=args.max_num_seqs, sp=args.sp, a2a=args.a2a)
     return generate(args.engine, model, layout, workload, options)
 

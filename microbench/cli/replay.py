@@ -35,7 +35,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "dtype and groups, and no model compute; time the prefill, each decode "
                     "step and the whole inference.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_pattern_arguments(parser)
+    add_pattern_arguments(parser, required=False)
+    parser.add_argument("--trace", nargs="+", default=None, metavar="FILE",
+                        help="replay the calls of a trace (NCCL/RCCL logs or Kineto JSON, one "
+                             "file per rank) in its order instead of a generated pattern; its "
+                             "ranks must form a TP x PP layout")
     add_run_arguments(parser)
     parser.add_argument("--timing", choices=LEVELS, default="step",
                         help="marks per inference, per step (default) or per call")
@@ -48,8 +52,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
+def pattern_or_trace(args: argparse.Namespace) -> Pattern:
+    """The generated pattern, or the trace's calls folded into one (`--trace`)."""
+    named = [flag for flag, value in (("--model", args.model), ("--prompt", args.prompt),
+                                      ("--decode", args.decode)) if value is not None]
+    laid_out = [flag for flag, value in (("--tp", args.tp), ("--pp", args.pp)) if value != 1]
+    if args.trace:
+        if named or laid_out:
+            raise UsageError("--trace replays the trace's own calls on its own layout; drop "
+                             + ", ".join(named + laid_out))
+        from patterns.traces import read_traces
+        from patterns.traces.to_pattern import trace_pattern
+        return trace_pattern(read_traces(args.trace))
+    if len(named) < 3:
+        raise UsageError("the following arguments are required: --model, --prompt, --decode "
+                         "(or --trace FILE... to replay a trace)")
+    return pattern_from_args(args)
+
+
 def run(args: argparse.Namespace) -> int:
-    pattern = pattern_from_args(args)  # bad input ends here, before any process or file
+    pattern = pattern_or_trace(args)  # bad input ends here, before any process or file
     check_backend_options(args)
     env = dist.detect()
     if args.nproc is not None or env is None:

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from microbench.replay.replayer import RankSamples
+from microbench.results.metrics import decode_step_us
 
 
 def _pct(values: np.ndarray, q: float) -> float | None:
@@ -45,30 +46,30 @@ def iteration_rows(figures: dict[str, np.ndarray], decode_steps: int) -> list[di
                                "prefill_us": round(float(figures["prefill_us"][i]), 3),
                                "decode_us": round(float(figures["decode_us"][i]), 3),
                                "e2e_us": round(float(figures["e2e_us"][i]), 3)}
+        if decode_steps:
+            # The inference's sample of decode_step_us (results/metrics.py).
+            row["decode_step_mean_us"] = round(
+                float(decode_step_us(figures["decode_us"][i], decode_steps)), 3)
         steps = figures.get("decode_steps_us")
         if steps is not None and decode_steps:
-            row.update(decode_step_mean_us=round(float(steps[i].mean()), 3),
-                       decode_step_median_us=round(float(np.median(steps[i])), 3),
+            # The spread of its single steps (each step's slowest rank).
+            row.update(decode_step_median_us=round(float(np.median(steps[i])), 3),
                        decode_step_p99_us=round(float(np.percentile(steps[i], 99)), 3),
                        decode_step_max_us=round(float(steps[i].max()), 3))
-        elif decode_steps:
-            row["decode_step_mean_us"] = round(float(figures["decode_us"][i]) / decode_steps, 3)
         rows.append(row)
     return rows
 
 
 def headline(figures: dict[str, np.ndarray], decode_steps: int) -> dict[str, float | None]:
-    """Medians over timed inferences; decode step median and p99 over all their steps."""
+    """Medians over timed inferences; decode_step_us as results/metrics.py defines it, its
+    p99 over every single step (step and op timing only)."""
     steps = figures.get("decode_steps_us")
-    if steps is not None:
-        all_steps = steps.ravel()
-        step_median, step_p99 = _median(all_steps), _pct(all_steps, 99)
-    else:
-        per_step = figures["decode_us"] / decode_steps if decode_steps else np.array([])
-        step_median, step_p99 = _median(per_step), None
+    per_inference = (decode_step_us(figures["decode_us"], decode_steps) if decode_steps
+                     else np.array([]))
+    step_p99 = _pct(steps.ravel(), 99) if steps is not None else None
     return {"prefill_us": _median(figures["prefill_us"]),
             "decode_us": _median(figures["decode_us"]),
-            "decode_step_us": step_median, "decode_step_p99_us": step_p99,
+            "decode_step_us": _median(per_inference), "decode_step_p99_us": step_p99,
             "e2e_us": _median(figures["e2e_us"]),
             "e2e_p5_us": _pct(figures["e2e_us"], 5), "e2e_p95_us": _pct(figures["e2e_us"], 95)}
 

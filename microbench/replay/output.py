@@ -11,6 +11,7 @@ from microbench.results.store import base_meta, csv_text, json_text, write_run
 from microbench.views.pattern import pattern_summary, title
 from microbench.views.replay import replay_table
 from patterns import Pattern
+from patterns.summary import engine_transport_calls
 
 ITERATION_COLUMNS = ["iteration", "prefill_us", "decode_us", "e2e_us", "decode_step_mean_us",
                      "decode_step_median_us", "decode_step_p99_us", "decode_step_max_us"]
@@ -64,6 +65,7 @@ def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.
         "prefill_steps": plan.prefill_steps, "decode_steps": steps,
         **head,
         "calls_per_inference": calls, "by_op": by_op, "wrong": wrong,
+        "engine_transports": _engine_transports(pattern),
     }
     meta = {**base_meta(args.argv), "kind": "replay", "backend": backend.name,
             "transport": backend.transport, "device": backend.device,
@@ -89,6 +91,13 @@ def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.
                  "calls_per_inference", "wrong", "results_dir"]
     summary["last_line"] = {k: summary[k] for k in last_keys}
     return summary
+
+
+def _engine_transports(pattern: Pattern) -> dict[str, int]:
+    """Calls per inference of the busiest rank by the transport the engine would use."""
+    stage = max(range(pattern.layout.pp), key=pattern.calls_per_inference)
+    calls = engine_transport_calls(pattern, stage)
+    return {t.value: n for t, n in sorted(calls.items(), key=lambda kv: -kv[1])}
 
 
 def default_label(pattern: Pattern, backend: str) -> str:

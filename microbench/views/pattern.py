@@ -8,7 +8,7 @@ from typing import Any
 from microbench.views.textfmt import format_bytes, render_table
 from patterns import Op, Pattern, Phase, pattern_rows, volume_by_group, volume_bytes
 from patterns.moe import notes
-from patterns.summary import moe_layer_rows
+from patterns.summary import moe_layer_rows, transport_split
 from patterns.volume import as_number
 
 
@@ -31,6 +31,7 @@ def pattern_header(pattern: Pattern) -> dict[str, Any]:
                      "dp_batches": list(w.dp_batches) if w.dp_batches else None,
                      "dtype": w.dtype, "decode_steps": w.decode_steps},
         "engine": {"name": pattern.engine, **asdict(pattern.options)},
+        "notes": pattern_notes(pattern),
     }
 
 
@@ -43,7 +44,7 @@ def pattern_document(pattern: Pattern, with_steps: bool = False) -> dict[str, An
     doc = pattern_header(pattern)
     doc["rows"] = [
         {**asdict(row), "phase": row.phase.value, "shape": list(row.shape),
-         "out_shape": list(row.out_shape)}
+         "out_shape": list(row.out_shape), "transport": row.transport.value}
         for row in pattern_rows(pattern)
     ]
     doc["volume_bytes"] = {k: as_number(v) for k, v in volume_bytes(pattern).items()}
@@ -65,7 +66,7 @@ def pattern_document(pattern: Pattern, with_steps: bool = False) -> dict[str, An
 def _op_dict(op: Op) -> dict[str, Any]:
     return {"op": op.kind.value, "group": op.group, "group_size": op.group_size,
             "shape": list(op.shape), "out_shape": list(op.out_shape), "dtype": op.dtype,
-            "tag": op.tag, "peer": op.peer, "root": op.root}
+            "tag": op.tag, "peer": op.peer, "root": op.root, "transport": op.transport.value}
 
 
 def _first_steps(pattern: Pattern) -> list[tuple[int, Phase, Any]]:
@@ -82,11 +83,11 @@ def pattern_csv(pattern: Pattern) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["phase", "stage", "op", "group", "group_size", "shape", "out_shape",
-                     "dtype", "count", "bytes"])
+                     "dtype", "count", "bytes", "transport"])
     for row in pattern_rows(pattern):
         writer.writerow([row.phase.value, row.stage, row.op, row.group, row.group_size,
                          "x".join(map(str, row.shape)), "x".join(map(str, row.out_shape)),
-                         row.dtype, row.count, row.bytes])
+                         row.dtype, row.count, row.bytes, row.transport.value])
     return out.getvalue()
 
 
@@ -127,11 +128,11 @@ def moe_table(pattern: Pattern) -> str:
 
 def pattern_table(pattern: Pattern) -> str:
     """The profile table: per phase and stage, each distinct call with its count and bytes."""
-    header = ["phase", "stage", "op", "group", "shape", "out_shape", "dtype", "count",
-              "bytes/call", "bytes/rank"]
+    header = ["phase", "stage", "op", "group", "shape", "out_shape", "dtype", "transport",
+              "count", "bytes/call", "bytes/rank"]
     rows = [[row.phase.value, str(row.stage), row.op, f"{row.group}/{row.group_size}",
-             shape_text(row.shape), shape_text(row.out_shape), row.dtype, f"{row.count:,}",
-             format_bytes(row.bytes), format_bytes(row.bytes * row.count)]
+             shape_text(row.shape), shape_text(row.out_shape), row.dtype, row.transport.value,
+             f"{row.count:,}", format_bytes(row.bytes), format_bytes(row.bytes * row.count)]
             for row in pattern_rows(pattern)]
     volume = volume_bytes(pattern)
     parts = [f"{kind} {format_bytes(float(v))}" for kind, v in volume.items()
@@ -149,6 +150,8 @@ def pattern_table(pattern: Pattern) -> str:
         "",
         render_table(header, rows, right_align={"stage", "count", "bytes/call", "bytes/rank"}),
         "",
+        transport_table(pattern),
+        "",
         "volume of one inference, every call of the deployment once: "
         + (", ".join(parts) if parts else "none (one rank)")
         + f"; total {format_bytes(float(volume['total']))}",
@@ -160,6 +163,20 @@ def pattern_table(pattern: Pattern) -> str:
     return "\n".join(lines)
 
 
+def transport_table(pattern: Pattern) -> str:
+    """Per phase, the calls and bytes one rank of each stage sends through each transport
+    (summed over stages), as the engine would under its defaults."""
+    rows = []
+    for phase, split in transport_split(pattern).items():
+        total = sum(calls for calls, _ in split.values())
+        for transport, (calls, nbytes) in sorted(split.items(), key=lambda kv: -kv[1][0]):
+            rows.append([phase.value, transport.value, f"{calls:,}",
+                         f"{100 * calls / total:.1f}%", format_bytes(nbytes)])
+    return ("calls and bytes per transport (one rank per stage, summed over stages):\n"
+            + render_table(["phase", "transport", "calls", "share", "bytes"], rows,
+                           right_align={"calls", "share", "bytes"}))
+
+
 def steps_text(pattern: Pattern) -> str:
     """The exact ordered calls of the first prefill step and a decode step, per stage."""
     blocks = [title(pattern)]
@@ -167,10 +184,10 @@ def steps_text(pattern: Pattern) -> str:
         blocks.append(f"\nstage {stage}, {phase.value} step (T={step.tokens}, S={step.rows}): "
                       f"{len(step.ops)} calls")
         rows = [[str(i), op.kind.value, f"{op.group}/{op.group_size}", shape_text(op.shape),
-                 shape_text(op.out_shape), op.dtype, _peer_text(op), op.tag]
+                 shape_text(op.out_shape), op.dtype, op.transport.value, _peer_text(op), op.tag]
                 for i, op in enumerate(step.ops, 1)]
-        blocks.append(render_table(["#", "op", "group", "shape", "out_shape", "dtype", "peer",
-                                    "tag"], rows, right_align={"#"}))
+        blocks.append(render_table(["#", "op", "group", "shape", "out_shape", "dtype",
+                                    "transport", "peer", "tag"], rows, right_align={"#"}))
     return "\n".join(blocks)
 
 

@@ -9,10 +9,25 @@ def _us(value: float | None) -> str:
     return format_us(value) if value is not None else "-"
 
 
+def engine_transport_line(by_transport: dict[str, int], backend: str, carrier: str) -> str:
+    """How the engine would carry the calls, against how this replay carries them."""
+    total = sum(by_transport.values())
+    parts = [f"{calls:,} of these {total:,} calls through {transport}" if i == 0 else
+             f"{calls:,} through {transport}"
+             for i, (transport, calls) in enumerate(by_transport.items())]
+    return (f"the engine would send {', '.join(parts)}; replayed here over "
+            f"{_BACKEND_NAMES.get(backend, backend)} ({carrier})")
+
+
+_BACKEND_NAMES = {"mpi": "MPI", "torch": "torch.distributed", "nccl": "NCCL"}
+
+
 def replay_table(summary: dict[str, Any], title: str) -> str:
     s = summary
     lines = [
         title,
+        *([engine_transport_line(s["engine_transports"], s["backend"], s["transport"])]
+          if s.get("engine_transports") else []),
         f"backend {s['backend']} ({s['transport']}) on {s['device']}, {s['world_size']} ranks "
         f"on {len(set(s['hosts']))} host(s); {s['iterations']} timed inferences after "
         f"{s['warmup']} warm-up; timing per {s['timing']}; figures are the slowest rank's",
@@ -20,7 +35,8 @@ def replay_table(summary: dict[str, Any], title: str) -> str:
     ]
     rows = [
         ["prefill (TTFT share)", _us(s["prefill_us"]), f"{s['prefill_steps']} step(s)"],
-        ["decode step (TPOT share)", _us(s["decode_step_us"]), "median over decode steps"],
+        ["decode step (TPOT share)", _us(s["decode_step_us"]),
+         "decode / steps, median over inferences"],
         ["decode step p99", _us(s["decode_step_p99_us"]),
          "" if s["decode_step_p99_us"] is not None else "needs --timing step or op"],
         ["decode, all steps", _us(s["decode_us"]), f"{s['decode_steps']} steps"],

@@ -1,7 +1,7 @@
-"""Engine profiles: one function per engine, registered by name."""
+"""Engine profiles: one module per engine, each registered by name with what it follows."""
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, fields, replace
 
 from patterns.errors import ConfigError
 from patterns.layout import Layout, Workload
@@ -10,14 +10,58 @@ from patterns.pattern import EngineOptions, Pattern
 
 Profile = Callable[[ModelConfig, Layout, Workload, EngineOptions], Pattern]
 
+# The command-line flag of each EngineOptions field, as `infercomm pattern` spells it.
+OPTION_FLAGS: dict[str, str] = {
+    "eager": "--eager",
+    "max_batched_tokens": "--max-batched-tokens",
+    "control_plane": "--control-plane",
+    "gpu": "--gpu",
+    "nccl_only": "--nccl-only",
+    "model_runner": "--model-runner",
+    "sp": "--sp",
+    "max_num_seqs": "--max-num-seqs",
+    "a2a": "--a2a",
+}
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What a profile follows: `infercomm engines` prints this, nothing hand-kept."""
+
+    name: str  # the --engine value
+    engine: str  # the engine as its users name it
+    version: str  # the release(s) the profile follows
+    source: str  # repository @ commit (and files) the rules were read from
+    options: tuple[str, ...]  # EngineOptions fields the profile reads
+    not_modelled: tuple[str, ...]  # what the engine does that the profile leaves out
+
+
+# The engine `--engine` means when not given: vLLM V1, what users run (vLLM removed V0).
+DEFAULT_ENGINE = "vllm"
+
 ENGINES: dict[str, Profile] = {}
+ENGINE_INFO: dict[str, EngineInfo] = {}
 
 
-def register(name: str) -> Callable[[Profile], Profile]:
+def register(info: EngineInfo) -> Callable[[Profile], Profile]:
     def add(profile: Profile) -> Profile:
-        ENGINES[name] = profile
+        ENGINES[info.name] = profile
+        ENGINE_INFO[info.name] = info
         return profile
     return add
+
+
+def _check_options(info: EngineInfo, options: EngineOptions) -> None:
+    """A non-default option the profile does not read would be silently ignored: refuse it."""
+    defaults = EngineOptions()
+    for field in fields(EngineOptions):
+        if field.name in info.options:
+            continue
+        if getattr(options, field.name) != getattr(defaults, field.name):
+            flag = OPTION_FLAGS[field.name]
+            readers = [n for n, i in sorted(ENGINE_INFO.items()) if field.name in i.options]
+            raise ConfigError(f"{flag} does not apply to engine {info.name}; it applies to "
+                              f"{', '.join(readers) or 'no engine'}")
 
 
 def generate(engine: str, model: ModelConfig, layout: Layout, workload: Workload,
@@ -31,11 +75,9 @@ def generate(engine: str, model: ModelConfig, layout: Layout, workload: Workload
     if workload.dtype is None:
         workload = replace(workload, dtype=model.default_dtype)
     options = options or EngineOptions()
-    if options.max_batched_tokens is not None and options.max_batched_tokens < 1:
-        raise ConfigError(f"max-batched-tokens({options.max_batched_tokens}) must be a "
-                          "positive integer")
+    _check_options(ENGINE_INFO[engine], options)
     return profile(model, layout, workload, options)
 
 
 # Profiles register themselves on import.
-from patterns.engines import vllm_v0  # noqa: E402, F401
+from patterns.engines import megatron, sglang, trtllm, vllm, vllm_v0  # noqa: E402, F401

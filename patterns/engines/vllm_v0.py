@@ -9,10 +9,10 @@ TP rank 0, since `use_all_gather()` is False for V0 on GPUs), `distributed/utils
 (`get_pp_indices`).
 """
 
-from patterns.engines import register
+from patterns.engines import EngineInfo, register
 from patterns.errors import ConfigError
 from patterns.layout import Layout, Workload
-from patterns.models import ModelConfig
+from patterns.models import ModelConfig, mlp_module
 from patterns.ops import Op, OpKind, Phase, Step
 from patterns.pattern import EngineOptions, Pattern, Run
 from patterns.vllm_rules import (
@@ -93,9 +93,8 @@ class _StageBuilder:
                                        "embed_tokens"))
             # MoE layers all-reduce the experts' summed output where a dense MLP reduces
             # down_proj (moe_runner._maybe_reduce_final_output): same count, same shape.
-            mlp = "block_sparse_moe" if self.model.is_moe else "mlp.down_proj"
             for layer in range(self.first_layer, self.first_layer + self.num_layers):
-                for module in ("self_attn.o_proj", mlp):
+                for module in ("self_attn.o_proj", mlp_module(self.model, layer)):
                     ops.append(self._tp_op(OpKind.ALLREDUCE, (tokens, h), (tokens, h),
                                            f"layers.{layer}.{module}"))
         if stage < pp - 1:
@@ -172,7 +171,21 @@ def _stage_runs(builder: _StageBuilder, workload: Workload, options: EngineOptio
     return _merge(runs)
 
 
-@register("vllm-v0")
+INFO = EngineInfo(
+    name="vllm-v0",
+    engine="vLLM V0 (VLLM_USE_V1=0)",
+    version="0.8.5 (V0 engine, removed in v0.11.0)",
+    source="vllm-project/vllm main 2025-05-07 @ 98c89e16f (fork tensorflowt/vllm-0.8.5)",
+    options=("eager", "max_batched_tokens", "control_plane"),
+    not_modelled=(
+        "custom all-reduce: every call is NCCL, as in the published profile (custom AR off)",
+        "the shared-memory MessageQueue metadata broadcast (C0) and gloo send_object of PP",
+        "MoE expert parallelism",
+    ),
+)
+
+
+@register(INFO)
 def vllm_v0(model: ModelConfig, layout: Layout, workload: Workload,
             options: EngineOptions) -> Pattern:
     if layout.ep or (layout.dp > 1 and model.is_moe) or workload.dp_batches is not None:

@@ -1,0 +1,55 @@
+"""`infercomm trace`: what an engine really issued, read from its NCCL log or profiler trace."""
+
+import argparse
+import csv
+import io
+import json
+
+from microbench.views.textfmt import format_bytes, render_table
+from patterns.traces import read_traces
+from patterns.traces.summary import ROW_KEYS, steps_found, trace_document
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "trace", help="summarise the calls of an NCCL/RCCL log or a PyTorch profiler trace",
+        description="Read NCCL/RCCL debug logs (NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL) or "
+                    "Kineto JSON traces (one .json/.json.gz per rank) and summarise the calls "
+                    "per rank and group: op, elements each rank contributes per call, dtype, "
+                    "calls and bytes; the steps found; what was not understood.")
+    parser.add_argument("files", nargs="+", metavar="FILE", help="log or Kineto JSON files")
+    parser.add_argument("--format", choices=("table", "json", "csv"), default="table",
+                        help="table for people; json (one document) or csv for tools")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    trace = read_traces(args.files)
+    doc = trace_document(trace)
+    if args.format == "json":
+        print(json.dumps(doc, separators=(",", ":")))
+        return 0
+    if args.format == "csv":
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=ROW_KEYS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(doc["rows"])  # type: ignore[arg-type]
+        print(out.getvalue(), end="")
+        return 0
+    names = {r.rank: r.name for r in trace.ranks}
+    rows = [[str(r["rank"]), "?" if r["group_size"] is None else str(r["group_size"]),
+             str(r["op"]), f"{r['numel']:,}", str(r["dtype"]), f"{r['calls']:,}",
+             format_bytes(float(r["bytes"]))] for r in doc["rows"]]  # type: ignore[union-attr]
+    lines = [f"{doc['ranks']} ranks, {doc['calls']:,} calls, {doc['unparsed']:,} lines or "
+             "events not understood", "",
+             render_table(["rank", "group", "op", "numel", "dtype", "calls", "bytes"], rows,
+                          right_align={"rank", "group", "numel", "calls", "bytes"}), ""]
+    for found in steps_found(trace):
+        lines.append(f"rank {found.rank} ({names[found.rank]}): {found.steps:,} steps "
+                     f"({found.source}), {found.runs} runs after folding repeats")
+    if trace.unknown:
+        lines.append("not understood: " + ", ".join(f"{name} x{count:,}" for name, count
+                                                    in trace.unknown.most_common(8)))
+    lines += trace.notes
+    print("\n".join(lines))
+    return 0

@@ -1,0 +1,49 @@
+"""`infercomm validate --trace`: a generated pattern next to what the engine really issued."""
+
+import argparse
+import json
+
+from microbench.cli.pattern_args import add_pattern_arguments, pattern_from_args
+from microbench.views.textfmt import render_table
+from patterns.traces import read_traces
+from patterns.traces.validate import validate
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "validate", help="compare a pattern with a trace the engine really issued",
+        description="Read a trace (NCCL/RCCL COLL logs or Kineto JSON, one file per rank) and "
+                    "set the pattern of the given options next to it, rank by rank and phase "
+                    "by phase: equal, missing, extra and different rows, and the first call "
+                    "where they part. Exit 0 when they match, 1 when they differ, 2 on bad "
+                    "input. An eager engine with custom all-reduce off (NCCL only) is the "
+                    "setting that can match exactly.")
+    parser.add_argument("--trace", nargs="+", required=True, metavar="FILE",
+                        help="NCCL/RCCL log or Kineto JSON files")
+    add_pattern_arguments(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    pattern = pattern_from_args(args)  # bad options end here, before reading big files
+    trace = read_traces(args.trace)
+    result = validate(trace, pattern)
+    rows = [[str(r.rank), r.phase, r.op, f"{r.numel:,}", r.dtype,
+             "?" if r.group_size is None else str(r.group_size), f"{r.trace_calls:,}",
+             f"{r.pattern_calls:,}", r.status] for r in result.rows]
+    print(render_table(["rank", "phase", "op", "numel", "dtype", "group", "trace", "pattern",
+                        "status"], rows,
+                       right_align={"rank", "numel", "group", "trace", "pattern"}))
+    print()
+    print("match: the trace issued exactly the pattern's calls" if result.match else
+          f"first difference: {result.first_difference}")
+    for note in result.notes:
+        print(f"note: {note}")
+    statuses = [r.status for r in result.rows]
+    summary = {"match": result.match, "first_difference": result.first_difference,
+               "engine": pattern.engine, "ranks": len(trace.ranks), "calls": trace.calls,
+               "unparsed": trace.unparsed,
+               **{s: statuses.count(s) for s in ("equal", "missing", "extra", "different")},
+               "notes": result.notes}
+    print(json.dumps(summary, separators=(",", ":")))
+    return 0 if result.match else 1

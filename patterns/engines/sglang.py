@@ -1,0 +1,218 @@
+"""SGLang 0.5 (main of 2026-07-20): engine spec sections 4 and 10.4.
+
+Code read: modal-projects/sglang @ 8905cbd4 (upstream main of 2026-07-20, about 0.5.15),
+`python/sglang/srt/`:
+- `models/llama.py`: VocabParallelEmbedding all-reduce on the first PP stage,
+  RowParallelLinear o_proj / down_proj: 1 + 2*L_s all-reduces of [T, h];
+- `layers/logits_processor.py:376`: logits all-gathered on every TP rank, [S, V_pad/tp] ->
+  [S, V_pad] (`DEFAULT_VOCAB_PADDING_SIZE = 64`), through `MultimemAllGatherer` (Triton
+  multimem, `triton_symm_mem_ag.py:489-510`) for bf16 2-D inputs of at most
+  `recommended_max_tokens(floor=128)` rows (128 unless --max-running-requests is set), NCCL
+  otherwise; S = the last token of each extend sequence, chunked ones included
+  (`logits_processor.py:517-518`), or B in decode, padded like the batch: the decode graph
+  computes the logits of all its rows and slices them afterwards
+  (`model_executor/runner/decode_cuda_graph_runner.py:1265-1283`);
+- `server_args.py:4179-4206` `_generate_decode_cuda_graph_batch_sizes`: [1, 2, 4, 8, 12] +
+  range(16, 257, 8) + range(272, 512, 16) + range(512, max_bs + 1, 32), cut at max_bs and
+  max_bs appended; `server_args.py:3922-3948`: max_bs 256 at TP < 4 and 512 at TP >= 4 on
+  H100 / A100 / H200, 512 on B200; chunked_prefill_size 8192 (16384 on B200);
+- `server_args.py:4232-4249` `_generate_prefill_cuda_graph_batch_sizes` and `:3984-4015`:
+  prefill (extend) steps padded to the token ladder 4..32 step 4, 48..256 step 16, 288..512
+  step 32, 576..1024 step 64, 1280..4096 step 256, 4608.. step 512, up to
+  chunked_prefill_size (2048 for MLA models);
+- `managers/scheduler_pp_mixin.py`: PP proxy tensors through `send_tensor_dict(
+  all_gather_group=attn_tp_group)` (vLLM's slice + all-gather), and the sampled ids sent from
+  the last stage back to the first;
+- `managers/scheduler.py: recv_requests`: `broadcast_pyobj` over the TP gloo group each
+  scheduler loop (the size tensor; `--control-plane`).
+Transports: `patterns/transports.py` (custom all-reduce V2, FlashInfer fusion).
+"""
+
+from dataclasses import replace
+
+from patterns.dp_steps import SGLANG_IDLE_STEP, RankStep, align_dp_runs, build_replicas
+from patterns.dtypes import dtype_bytes
+from patterns.engines import EngineInfo, register
+from patterns.engines.stage import Stage, merge, pad_to, run, stages
+from patterns.engines.vllm import pp_slice
+from patterns.errors import ConfigError
+from patterns.layout import Layout, Workload
+from patterns.models import ModelConfig, mlp_module
+from patterns.moe import sglang_dp_layer, sglang_dp_logits, sglang_mlp_sync, sglang_step_tokens
+from patterns.ops import Op, OpKind, Phase, Transport
+from patterns.pattern import EngineOptions, Pattern, Run
+from patterns.transports import sglang_allreduce, sglang_logits_allgather
+from patterns.vllm_rules import padded_vocab, prefill_chunks, stage_layer_counts
+
+INFO = EngineInfo(
+    name="sglang",
+    engine="SGLang",
+    version="0.5.x (main of 2026-07-20, about 0.5.15)",
+    source="sgl-project/sglang main 2026-07-20 = modal-projects/sglang @ 8905cbd4",
+    options=("eager", "max_batched_tokens", "control_plane", "gpu", "nccl_only", "a2a"),
+    not_modelled=(
+        "DP attention at pp > 1; its prefill CUDA graphs, two-batch overlap, "
+        "SGLANG_DP_USE_GATHERV, enable_dp_lm_head (patterns/moe.py lists them)",
+        "the pickled request payload of broadcast_pyobj and PP's point_to_point_pyobj",
+        "sampling all-reduce (SYNC_TOKEN_IDS_ACROSS_TP or grammars)",
+        "--max-running-requests (the multimem logits all-gather is taken up to 128 rows)",
+    ),
+)
+
+def chunked_prefill_size(gpu: str) -> int:
+    """`server_args.py:3922-3948`: 8192 on H100 / A100 / H200, 16384 on B200."""
+    return 16384 if gpu == "b200" else 8192
+
+
+def decode_graph_sizes(tp: int, gpu: str) -> list[int]:
+    """`server_args.py:4179-4206`, with the default max_bs of `server_args.py:3922-3948`."""
+    top = 512 if gpu == "b200" or tp >= 4 else 256
+    sizes = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, top + 1, 32)]
+    sizes = [s for s in sizes if s <= top]
+    return sizes if sizes[-1] == top else [*sizes, top]
+
+
+def prefill_graph_sizes(max_tokens: int) -> list[int]:
+    """`server_args.py:4232-4249`: the extend-token ladder, up to `max_tokens`."""
+    sizes = [*range(4, 33, 4), *range(48, 257, 16), *range(288, 513, 32),
+             *range(576, 1025, 64), *range(1280, 4097, 256), *range(4608, max_tokens + 1, 512)]
+    return [s for s in sizes if s <= max_tokens]
+
+
+def _allreduce(st: Stage, tokens: int, tag: str) -> Op:
+    transport = sglang_allreduce(tokens * st.h * dtype_bytes(st.dtype), tokens, st.tp,
+                                 st.options.gpu, st.model.model_type, st.options.nccl_only)
+    return st.tp_op(OpKind.ALLREDUCE, (tokens, st.h), (tokens, st.h), tag, transport)
+
+
+def moe_layer_ops(st: Stage, layer: int, tokens: int) -> list[Op]:
+    """One MoE layer without DP attention / EP: experts replicated over TP, output reduced
+    once. Expert parallelism hooks in here."""
+    return [_allreduce(st, tokens, f"layers.{layer}.{mlp_module(st.model, layer)}")]
+
+
+def forward(st: Stage, tokens: int, rows: int, logit_rows: int | None = None) -> list[Op]:
+    """One forward pass of T = `tokens`, sampling `rows` requests; the logits cover
+    `logit_rows` rows (the padded batch under a decode graph, else `rows`)."""
+    logit_rows = rows if logit_rows is None else logit_rows
+    ops: list[Op] = []
+    shape, gathered = pp_slice(st, tokens)
+    keys = ("hidden_states", "residual")
+    if not st.is_first:
+        for key in keys:
+            ops.append(st.p2p(OpKind.RECV, shape, f"pp.{key}", peer=st.index - 1))
+            if gathered:
+                ops.append(st.tp_op(OpKind.ALLGATHER, shape, (tokens, st.h),
+                                    f"pp.{key}.allgather"))
+    if st.tp > 1:
+        if st.is_first:
+            ops.append(_allreduce(st, tokens, "embed_tokens"))
+        for layer in st.layers:
+            ops.append(_allreduce(st, tokens, f"layers.{layer}.self_attn.o_proj"))
+            ops += (moe_layer_ops(st, layer, tokens) if st.model.is_moe_layer(layer) else
+                    [_allreduce(st, tokens, f"layers.{layer}.{mlp_module(st.model, layer)}")])
+    if not st.is_last:
+        ops += [st.p2p(OpKind.SEND, shape, f"pp.{key}", peer=st.index + 1) for key in keys]
+    elif st.tp > 1:
+        shard = padded_vocab(st.model.vocab_size) // st.tp
+        transport = sglang_logits_allgather(logit_rows, st.dtype, st.options.gpu,
+                                            st.options.nccl_only)
+        ops.append(st.tp_op(OpKind.ALLGATHER, (logit_rows, shard), (logit_rows, shard * st.tp),
+                            "logits", transport))
+    # The last stage hands the sampled ids back to the first (scheduler_pp_mixin).
+    if st.pp > 1 and rows and st.is_last:
+        ops.append(st.p2p(OpKind.SEND, (rows,), "pp.next_token_ids", peer=0, dtype="int64"))
+    elif st.pp > 1 and rows and st.is_first:
+        ops.append(st.p2p(OpKind.RECV, (rows,), "pp.next_token_ids", peer=st.pp - 1,
+                          dtype="int64"))
+    return ops
+
+
+def _control(st: Stage) -> list[Op]:
+    """`recv_requests`: broadcast_pyobj's size tensor from TP rank 0 over the gloo group."""
+    if not (st.options.control_plane and st.tp > 1):
+        return []
+    return [st.tp_op(OpKind.BROADCAST, (1,), (1,), "ctrl.recv_requests.size", Transport.GLOO,
+                     dtype="int64", root=0)]
+
+
+def _stage_runs(st: Stage, options: EngineOptions) -> list[Run]:
+    w = st.workload
+    budget = options.max_batched_tokens or chunked_prefill_size(options.gpu)
+    # Prefill graphs are captured up to chunked_prefill_size (2048 for MLA backends).
+    prefill_sizes = [] if options.eager else prefill_graph_sizes(
+        min(budget, 2048) if st.model.mla else budget)
+    runs = []
+    for chunk in prefill_chunks(w.batch, w.prompt, budget):
+        tokens = pad_to(prefill_sizes, chunk.tokens)
+        runs.append(run(Phase.PREFILL, _control(st) + forward(st, tokens, chunk.seqs), tokens,
+                        chunk.seqs))
+    if w.decode_steps:
+        tokens = w.batch if options.eager else pad_to(decode_graph_sizes(st.tp, options.gpu),
+                                                      w.batch)
+        # Under the graph the logits (and their all-gather) cover every padded row.
+        runs.append(run(Phase.DECODE, _control(st) + forward(st, tokens, w.batch, tokens),
+                        tokens, w.batch, w.decode_steps))
+    return merge(runs)
+
+
+def _dp_attention(model: ModelConfig, layout: Layout, workload: Workload,
+                  options: EngineOptions) -> tuple[tuple[tuple[Run, ...], ...], ...]:
+    """A MoE model at dp > 1 runs DP attention (`--enable-dp-attention`, SGLang's --tp is
+    dp x tp here): every DP rank's runs, the ranks stepping together with idle batches
+    (`patterns.dp_steps`). Per step the MLPSyncBatchInfo all-gather; per layer (dense
+    layers too: FULL MLP mode) the DP gather and scatter of `patterns.moe.sglang_dp_layer`,
+    or DeepEP all-to-all for MoE layers with `--a2a alltoall`; the logits of
+    `sglang_dp_logits`. Extend steps run eager here."""
+    if layout.pp > 1:
+        raise ConfigError(f"sglang with dp({layout.dp}) models DP attention at pp 1 only; "
+                          "use --pp 1")
+    budget = options.max_batched_tokens or chunked_prefill_size(options.gpu)
+    sizes = [] if options.eager else decode_graph_sizes(layout.dp * layout.tp, options.gpu)
+
+    def graph(tokens: int) -> int | None:
+        return pad_to(sizes, tokens) if sizes and tokens <= sizes[-1] else None
+
+    per_rank = []
+    for d in range(layout.dp):
+        batch = workload.batch_of(d)
+        own = [(RankStep(Phase.PREFILL, chunk.tokens, chunk.seqs), 1)
+               for chunk in prefill_chunks(batch, workload.prompt, budget)]
+        if workload.decode_steps:
+            own.append((RankStep(Phase.DECODE, batch, batch), workload.decode_steps))
+        per_rank.append(own)
+    vocab = padded_vocab(model.vocab_size)
+    dtype = workload.dtype or model.default_dtype
+
+    def ops_of(d: int, stage: int, steps: tuple[RankStep, ...],
+               tokens: tuple[int, ...]) -> list[Op]:
+        _, mode = sglang_step_tokens(steps, graph)
+        ops = sglang_mlp_sync(layout)
+        for layer in range(model.num_hidden_layers):
+            top_k = model.num_experts_per_tok if model.is_moe_layer(layer) else None
+            ops += sglang_dp_layer(f"layers.{layer}", layout, tokens, d, model.hidden_size,
+                                   dtype, mode, top_k, options.a2a)
+        rows = tuple(s.rows for s in steps)
+        return ops + sglang_dp_logits(layout, rows, d, model.hidden_size, vocab, dtype, mode)
+
+    return build_replicas(align_dp_runs(per_rank, SGLANG_IDLE_STEP), 1,
+                          lambda steps: sglang_step_tokens(steps, graph)[0], ops_of)
+
+
+@register(INFO)
+def sglang(model: ModelConfig, layout: Layout, workload: Workload,
+           options: EngineOptions) -> Pattern:
+    if layout.dp > 1 and model.is_moe:
+        replicas = _dp_attention(model, layout, workload, options)
+        return Pattern(engine=INFO.name, model=model, layout=layout, workload=workload,
+                       options=options, stages=replicas[0], dp_stages=replicas)
+    counts = stage_layer_counts(model.num_hidden_layers, layout.pp)
+    # Dense at dp > 1: independent replicas (SGLang's DP router), each with its own batch.
+    batches = [workload.batch_of(d) for d in range(layout.dp)]
+    replicas = tuple(
+        tuple(tuple(_stage_runs(st, options)) for st in stages(
+            model, layout, replace(workload, batch=b, dp_batches=None), options, counts))
+        for b in (batches if workload.dp_batches else batches[:1]))
+    return Pattern(engine=INFO.name, model=model, layout=layout, workload=workload,
+                   options=options, stages=replicas[0],
+                   dp_stages=replicas if workload.dp_batches else ())

@@ -1,0 +1,292 @@
+"""vLLM V1 as users run it in late 2026 (0.25-0.27): engine spec sections 3 and 10.1-10.2.
+
+Code read: vLLM upstream main of 2026-08-03 as modal-projects/vllm @ c8109375 (about
+0.27-dev), `vllm/`:
+- model all-reduces: `layers/vocab_parallel_embedding.py` (embedding, first stage only) and
+  `layers/linear.py` RowParallelLinear (o_proj, down_proj): 1 + 2*L_s of [T, h] per step;
+  MoE layers reduce the experts' output once (`fused_moe/runner/moe_runner.py:
+  _maybe_reduce_final_output`), see `moe_layer_ops`; which layers are MoE:
+  `models/deepseek_v2.py:1239-1243`, `models/llama4.py:342-345`, `models/qwen3_moe.py:387-391`
+  (`patterns.models._moe_layers`);
+- refusals: heads % tp (`models/llama.py`, MLA: `models/deepseek_v2.py:478`) and the KV-head
+  rule of `models/llama.py:147-152` (kv % tp when kv >= tp, else tp % kv);
+- transports: `patterns/transports.py` (`cuda_communicator.py`, `all_reduce_utils.py` @
+  00d618aa, `compilation/passes/fusion/allreduce_rms_fusion.py` @ 0052812d); `--eager`
+  (enforce_eager) turns torch.compile off (`config/vllm.py:1193-1199`), so nothing is fused;
+- logits: `layers/logits_processor.py` all-gathers on every TP rank (`use_all_gather()` is
+  True in V1), [R, V_pad/tp] -> [R, V_pad], through PyNccl since #40996 (`95ed0fea`);
+  R = scheduled requests (`logits_indices = query_start_loc[1:] - 1`), partial prefills
+  included;
+- batching: `config/vllm.py:1782-1860` `_set_cudagraph_sizes` and `v1/cudagraph_dispatcher.py`:
+  every step of T <= cap tokens, decode or mixed, is padded to the next capture size
+  (`patterns.vllm_rules.v1_capture_sizes`); prefill is always chunked at
+  max_num_batched_tokens (API-server default 8192, 2048 on A100s: `engine/arg_utils.py:
+  2529-2551`, `patterns.vllm_rules.v1_defaults`);
+- PP: `distributed/parallel_state.py: isend_tensor_dict / irecv_tensor_dict`: hidden_states
+  and residual sliced to [T*h/tp] when tp divides them, then a TP all-gather after the recv;
+  layer split `distributed/utils.py: get_pp_indices`;
+- per-step broadcasts of sampled tokens from the last PP stage, at the end of the step on
+  every stage. Model Runner V2 (`v1/worker/gpu/pp_utils.py:35-50, 126-197`, `PPHandler`;
+  `v1/worker/gpu/model_runner.py:1497-1531`): 2 broadcasts on its own NCCL group
+  `pp_broadcast`, sampled tokens [R, 1] int64 and (num_sampled, num_rejected) [2, R] int32,
+  skipped when no request produces a sample that a later step needs (non-final prefill
+  chunks, and a request's last step: so the last decode step has none). V2 is the default
+  for dense models and the MoE architectures of `config/vllm.py:69-79`
+  (`_is_default_v2_model_runner_model`, #44443 `a2f71300`). Model Runner V1 with async
+  scheduling (`v1/worker/gpu_model_runner.py:4582-4590, 4822-4837`): sampled ids [R, 1]
+  int32 on the PP group, skipped when every request is a partial prefill.
+"""
+
+from dataclasses import replace
+
+from patterns.dp_steps import RankStep, align_dp_runs, build_replicas, dp_padded_tokens
+from patterns.dtypes import dtype_bytes
+from patterns.engines import EngineInfo, register
+from patterns.engines.stage import Stage, merge, pad_to, run, stages
+from patterns.errors import ConfigError
+from patterns.layout import Layout, Workload
+from patterns.models import ModelConfig, mlp_module
+from patterns.moe import exchanges_tokens, vllm_dp_coordination, vllm_moe_layer
+from patterns.ops import Op, OpKind, Phase
+from patterns.pattern import EngineOptions, Pattern, Run
+from patterns.transports import vllm_allreduce
+from patterns.vllm_rules import (
+    padded_vocab,
+    prefill_chunks,
+    stage_layer_counts,
+    v1_capture_sizes,
+    v1_defaults,
+)
+
+INFO = EngineInfo(
+    name="vllm",
+    engine="vLLM V1 (Model Runner V2 by default)",
+    version="0.25-0.27 (upstream main of 2026-08-03)",
+    source="vllm-project/vllm main 2026-08-03 = modal-projects/vllm @ c8109375; size tables "
+           "vllm-project/vllm @ 00d618aa (all_reduce_utils.py), @ 0052812d "
+           "(allreduce_rms_fusion.py)",
+    options=("eager", "max_batched_tokens", "gpu", "nccl_only", "model_runner",
+             "max_num_seqs", "a2a"),
+    not_modelled=(
+        "MoE at dp > 1: fp8 dispatch, DBO micro-batching, EPLB, the engine core's gloo "
+        "all-reduce every 32 steps (patterns/moe.py lists them)",
+        "decodes of early-finished prompts mixed into later prefill chunks",
+        "gloo send_object of PP metadata; the shared-memory SchedulerOutput broadcast",
+        "sequence parallelism / AsyncTP (off for dense models by default)",
+        "speculative decoding (MTP layers, larger capture sizes)",
+    ),
+)
+
+# The model_type of the MoE architectures in DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES
+# (config/vllm.py:69-79): DeepseekV2, Qwen2Moe, GraniteMoe; DeepseekV3 is not among them.
+_V2_MOE_MODEL_TYPES = frozenset({"deepseek_v2", "qwen2_moe", "granitemoe"})
+
+
+def default_model_runner(model: ModelConfig) -> str:
+    return "v2" if not model.is_moe or model.model_type in _V2_MOE_MODEL_TYPES else "v1"
+
+
+def _allreduce(st: Stage, tokens: int, tag: str, feeds_rmsnorm: bool = True) -> Op:
+    nbytes = tokens * st.h * dtype_bytes(st.dtype)
+    # enforce_eager turns torch.compile off, and with it the fusion pass.
+    fusable = feeds_rmsnorm and not st.options.eager
+    transport = vllm_allreduce(nbytes, st.tp, st.options.gpu, st.dtype, fusable,
+                               st.options.nccl_only)
+    return st.tp_op(OpKind.ALLREDUCE, (tokens, st.h), (tokens, st.h), tag, transport)
+
+
+def moe_layer_ops(st: Stage, layer: int, tokens: int, feeds_rmsnorm: bool) -> list[Op]:
+    """The calls of one MoE layer's experts.
+
+    At dp 1 experts are replicated over TP (each rank holds a 1/tp slice of every expert, or
+    with --ep whole experts of the TP group) and tokens are not moved: the routed and shared
+    experts' summed output is all-reduced once (`moe_runner._maybe_reduce_final_output`).
+    At dp > 1 the DP ranks exchange tokens: dispatch and combine, `patterns.moe.
+    vllm_moe_layer` (all2all.py AgRsAll2AllManager, or `--a2a alltoall`); the TP all-reduce
+    left there (no --ep, tp > 1) goes through the same transport chain as any other.
+    """
+    prefix = f"layers.{layer}.{mlp_module(st.model, layer)}"
+    if not exchanges_tokens(st.layout):
+        return [_allreduce(st, tokens, prefix, feeds_rmsnorm)]
+    ops = vllm_moe_layer(prefix, st.layout, st.dp_tokens, st.dp_rank, st.h,
+                         st.model.num_experts_per_tok, st.dtype, st.options.a2a)
+    return [_allreduce(st, tokens, op.tag, feeds_rmsnorm)
+            if op.kind == OpKind.ALLREDUCE and op.group == "tp" else op for op in ops]
+
+
+def _layer_ops(st: Stage, layer: int, tokens: int) -> list[Op]:
+    # The last layer of a stage that hands its output to the next stage feeds no RMSNorm,
+    # so the fusion pass cannot take its second all-reduce.
+    feeds_rmsnorm = st.is_last or layer != st.layers[-1]
+    ops = [_allreduce(st, tokens, f"layers.{layer}.self_attn.o_proj")] if st.tp > 1 else []
+    if st.model.is_moe_layer(layer):
+        return ops + moe_layer_ops(st, layer, tokens, feeds_rmsnorm)
+    if st.tp == 1:  # a dense layer (DeepSeek's first 3) issues nothing at tp 1
+        return ops
+    tag = f"layers.{layer}.{mlp_module(st.model, layer)}"
+    return [*ops, _allreduce(st, tokens, tag, feeds_rmsnorm)]
+
+
+def pp_slice(st: Stage, tokens: int) -> tuple[tuple[int, ...], bool]:
+    """The shape one PP tensor travels in, and whether a TP all-gather rebuilds it."""
+    flat = tokens * st.h
+    if flat % st.tp == 0:
+        return (flat // st.tp,), st.tp > 1
+    return (tokens, st.h), False
+
+
+def forward(st: Stage, tokens: int, rows: int, vocab_multiple: int = 64) -> list[Op]:
+    """Model calls of one forward pass of T = `tokens` over R = `rows` requests."""
+    ops: list[Op] = []
+    shape, gathered = pp_slice(st, tokens)
+    keys = ("hidden_states", "residual")
+    if not st.is_first:
+        for key in keys:
+            ops.append(st.p2p(OpKind.RECV, shape, f"pp.{key}", peer=st.index - 1))
+            if gathered:
+                ops.append(st.tp_op(OpKind.ALLGATHER, shape, (tokens, st.h),
+                                    f"pp.{key}.allgather"))
+    if st.tp > 1 and st.is_first:
+        ops.append(_allreduce(st, tokens, "embed_tokens"))
+    if st.tp > 1 or exchanges_tokens(st.layout):  # MoE layers exchange tokens at dp > 1
+        for layer in st.layers:
+            ops += _layer_ops(st, layer, tokens)
+    if not st.is_last:
+        ops += [st.p2p(OpKind.SEND, shape, f"pp.{key}", peer=st.index + 1) for key in keys]
+    elif st.tp > 1:
+        shard = padded_vocab(st.model.vocab_size, vocab_multiple) // st.tp
+        ops.append(st.tp_op(OpKind.ALLGATHER, (rows, shard), (rows, shard * st.tp), "logits"))
+    return ops
+
+
+def pp_broadcasts(st: Stage, rows: int, sampled: bool, needed: bool, runner: str) -> list[Op]:
+    """The per-step broadcasts of sampled tokens from the last stage (pp > 1 only).
+
+    `sampled`: some request finishes its prompt or decodes in this step; `needed`: one of
+    those has a later step (Model Runner V2 skips the broadcast otherwise).
+    """
+    if st.pp == 1:
+        return []
+    root = st.pp - 1
+    if runner == "v2":
+        if not (sampled and needed):
+            return []
+        return [Op(OpKind.BROADCAST, "pp_broadcast", st.pp, shape, shape, dtype,
+                   f"pp_broadcast.{name}", root=root)
+                for name, shape, dtype in (("sampled_tokens", (rows, 1), "int64"),
+                                           ("num_sampled_rejected", (2, rows), "int32"))]
+    if not sampled:
+        return []
+    return [Op(OpKind.BROADCAST, "pp", st.pp, (rows, 1), (rows, 1), "int32",
+               "pp.prev_sampled_token_ids", root=root)]
+
+
+def _stage_runs(st: Stage, options: EngineOptions, runner: str) -> list[Run]:
+    w = st.workload
+    default_seqs, default_budget = v1_defaults(options.gpu)
+    max_seqs = options.max_num_seqs or default_seqs
+    budget = options.max_batched_tokens or default_budget
+    sizes = [] if options.eager else v1_capture_sizes(max_seqs, budget)
+    runs = []
+    for chunk in prefill_chunks(w.batch, w.prompt, budget):
+        tokens = pad_to(sizes, chunk.tokens)
+        # A prompt's first token is needed later only if it has decode steps.
+        ops = forward(st, tokens, chunk.seqs) + pp_broadcasts(
+            st, chunk.seqs, chunk.rows > 0, w.decode_steps > 0, runner)
+        runs.append(run(Phase.PREFILL, ops, tokens, chunk.seqs))
+    if w.decode_steps:
+        tokens = pad_to(sizes, w.batch)
+        model_ops = forward(st, tokens, w.batch)
+        # Decode step k (1..Sd-1) samples token k+1; a later step needs it while k < Sd-1.
+        runs.append(run(Phase.DECODE, model_ops + pp_broadcasts(st, w.batch, True, True,
+                                                                runner),
+                        tokens, w.batch, w.decode_steps - 1))
+        runs.append(run(Phase.DECODE, model_ops + pp_broadcasts(st, w.batch, True, False,
+                                                                runner),
+                        tokens, w.batch, 1))
+    return merge([r for r in runs if r.repeat])
+
+
+def _kv_splits(kv: int, tp: int) -> bool:
+    """`models/llama.py:147-152`: KV heads split evenly, or each replicated evenly."""
+    return kv % tp == 0 if kv >= tp else tp % kv == 0
+
+
+def _check_kv_heads(model: ModelConfig, tp: int) -> None:
+    kv, heads = model.num_key_value_heads, model.num_attention_heads
+    if model.mla or _kv_splits(kv, tp):
+        return
+    allowed = [t for t in range(1, heads + 1) if heads % t == 0 and _kv_splits(kv, t)]
+    raise ConfigError(f"tp({tp}) does not split num_key_value_heads({kv}) of {model.name}: "
+                      "vLLM needs kv % tp == 0 when kv >= tp, else tp % kv == 0; use tp in "
+                      f"{', '.join(map(str, allowed))}")
+
+
+def _own_steps(workload: Workload, dp_rank: int, budget: int) -> list[tuple[RankStep, int]]:
+    """One DP rank's own steps: its prefill chunks, then its decode steps."""
+    batch = workload.batch_of(dp_rank)
+    own = [(RankStep(Phase.PREFILL, chunk.tokens, chunk.seqs), 1)
+           for chunk in prefill_chunks(batch, workload.prompt, budget)]
+    if workload.decode_steps:
+        own.append((RankStep(Phase.DECODE, batch, batch), workload.decode_steps))
+    return own
+
+
+def _dp_replicas(model: ModelConfig, layout: Layout, workload: Workload,
+                 options: EngineOptions, runner: str) -> tuple[tuple[tuple[Run, ...], ...], ...]:
+    """A MoE model at dp > 1: every DP rank's runs, the ranks stepping together
+    (`patterns.dp_steps`): the per-step coordination all-reduce on the DP gloo group
+    (`v1/worker/dp_utils.py`), DP padding, dummy steps on a rank that has finished, and the
+    dispatch / combine of every MoE layer. PP broadcasts take every step as sampling."""
+    default_seqs, default_budget = v1_defaults(options.gpu)
+    max_seqs = options.max_num_seqs or default_seqs
+    budget = options.max_batched_tokens or default_budget
+    sizes = [] if options.eager else v1_capture_sizes(max_seqs, budget)
+
+    def graph(tokens: int) -> int | None:
+        return pad_to(sizes, tokens) if sizes and tokens <= sizes[-1] else None
+
+    per_rank = [_own_steps(workload, d, budget) for d in range(layout.dp)]
+    sts = stages(model, layout, workload, options,
+                 stage_layer_counts(model.num_hidden_layers, layout.pp))
+
+    def tokens_of(steps: tuple[RankStep, ...]) -> tuple[int, ...]:
+        return dp_padded_tokens([s.tokens for s in steps], graph)
+
+    def ops_of(d: int, stage: int, steps: tuple[RankStep, ...],
+               tokens: tuple[int, ...]) -> list[Op]:
+        st = replace(sts[stage], dp_rank=d, dp_tokens=tokens)
+        rows = steps[d].rows
+        ops = (vllm_dp_coordination(layout, runner) + forward(st, tokens[d], rows)
+               + pp_broadcasts(st, rows, rows > 0, True, runner))
+        # A dummy step samples nothing: no logits call.
+        return [op for op in ops if not (op.tag == "logits" and rows == 0)]
+
+    return build_replicas(align_dp_runs(per_rank), layout.pp, tokens_of, ops_of)
+
+
+@register(INFO)
+def vllm_v1(model: ModelConfig, layout: Layout, workload: Workload,
+            options: EngineOptions) -> Pattern:
+    max_seqs = options.max_num_seqs or v1_defaults(options.gpu)[0]
+    largest = max(workload.batch_of(d) for d in range(layout.dp))
+    if largest > max_seqs:
+        raise ConfigError(f"batch({largest}) exceeds max-num-seqs({max_seqs}): vLLM "
+                          "would not run it as one batch; use batch <= max-num-seqs")
+    _check_kv_heads(model, layout.tp)
+    runner = options.model_runner or default_model_runner(model)
+    options = replace(options, model_runner=runner)
+    counts = stage_layer_counts(model.num_hidden_layers, layout.pp)
+    if layout.dp > 1 and model.is_moe:
+        replicas = _dp_replicas(model, layout, workload, options, runner)
+        return Pattern(engine=INFO.name, model=model, layout=layout, workload=workload,
+                       options=options, stages=replicas[0], dp_stages=replicas)
+    # Dense at dp > 1: independent replicas (engine spec 10.3), each with its own batch.
+    batches = [workload.batch_of(d) for d in range(layout.dp)]
+    replicas = tuple(
+        tuple(tuple(_stage_runs(st, options, runner)) for st in stages(
+            model, layout, replace(workload, batch=b, dp_batches=None), options, counts))
+        for b in (batches if workload.dp_batches else batches[:1]))
+    return Pattern(engine=INFO.name, model=model, layout=layout, workload=workload,
+                   options=options, stages=replicas[0],
+                   dp_stages=replicas if workload.dp_batches else ())

@@ -1,0 +1,340 @@
+"""PyTorch profiler traces (Kineto JSON, `.json` or `.json.gz`, one file per rank), read
+incrementally: the `traceEvents` array is decoded one event at a time from chunks of text,
+so a file is never held whole in memory.
+
+What torch emits, seen on torch 2.13 (CPU, gloo) and in `torch/csrc/profiler/util.h`:
+- c10d ops as `cpu_op` events: `c10d::allreduce_`, `c10d::_allgather_base_`,
+  `c10d::_reduce_scatter_base_`, `c10d::gather_`, `c10d::broadcast_`, `c10d::send`,
+  `c10d::recv_`, `c10d::alltoall_base_`, with `Input Dims`, `Input type` and `Concrete Inputs`
+  (root / peer). A TensorList argument's type is written "TensorList": its dtype comes from
+  the backend's own event (`gloo:all_reduce` ...), paired by kind and order.
+- On NCCL, `record_param_comms` with `Collective name`, `dtype`, `In msg nelems`,
+  `Out msg nelems`, `Group size`, `Process Group Name`: preferred where present.
+- `ProfilerStep#N` annotations (a profiler schedule, `prof.step()`) mark step boundaries.
+"""
+
+import gzip
+import json
+from collections import defaultdict
+from collections.abc import Iterator
+from math import prod
+from pathlib import Path
+from typing import Any
+
+from patterns.errors import ConfigError
+from patterns.traces.calls import Call, RankCalls, Trace
+
+CHUNK = 1 << 20
+
+# torch scalar type names, as `Input type` (C++ names) and record_param_comms `dtype` spell them.
+TORCH_DTYPES = {
+    "c10::BFloat16": "bf16", "BFloat16": "bf16", "c10::Half": "fp16", "Half": "fp16",
+    "float": "fp32", "Float": "fp32", "double": "fp64", "Double": "fp64",
+    "long int": "int64", "long": "int64", "Long": "int64", "int": "int32", "Int": "int32",
+    "unsigned char": "uint8", "Byte": "uint8", "signed char": "int8", "Char": "int8",
+    "bool": "bool", "Bool": "bool", "c10::Float8_e4m3fn": "fp8e4m3", "Float8_e4m3fn": "fp8e4m3",
+    "c10::Float8_e5m2": "fp8e5m2", "Float8_e5m2": "fp8e5m2",
+}
+
+# c10d op -> (project op, index of the input tensor in Input Dims, index of root/peer in
+# Concrete Inputs or None). Signatures: torch/csrc/distributed/c10d/Ops.cpp.
+C10D_OPS: dict[str, tuple[str, int, int | None]] = {
+    "c10d::allreduce_": ("allreduce", 0, None),
+    "c10d::_allgather_base_": ("allgather", 1, None),
+    "c10d::allgather_into_tensor_coalesced_": ("allgather", 1, None),
+    "c10d::_reduce_scatter_base_": ("reducescatter", 1, None),
+    "c10d::gather_": ("gather", 1, 3),
+    "c10d::broadcast_": ("broadcast", 0, 2),
+    "c10d::send": ("send", 0, 2),
+    "c10d::recv_": ("recv", 0, 2),
+    "c10d::alltoall_base_": ("alltoall", 1, None),
+    "c10d::reduce_": ("reduce", 0, 3),  # (tensors, pg, reduce_op, root_rank, ...)
+    "c10d::allgather_": ("allgather", 1, None),  # (output lists, inputs, pg, ...)
+}
+
+# The backends' own events: gloo:all_reduce, nccl:all_reduce, ...
+BACKEND_OPS = {"all_reduce": "allreduce", "all_gather": "allgather",
+               "all_gather_into_tensor": "allgather", "_allgather_base": "allgather",
+               "reduce_scatter": "reducescatter", "reduce_scatter_tensor": "reducescatter",
+               "_reduce_scatter_base": "reducescatter", "gather": "gather",
+               "broadcast": "broadcast", "send": "send", "recv": "recv",
+               "all_to_all": "alltoall", "alltoall_base": "alltoall", "reduce": "reduce",
+               "scatter": "scatter"}
+
+# record_param_comms `Collective name` -> project op (ProcessGroupNCCL.cpp RECORD_PARAM_COMMS).
+PARAM_COMMS_OPS = {"allreduce": "allreduce", "allreduce_coalesced": "allreduce",
+                   "allgather": "allgather", "_allgather_base": "allgather",
+                   "all_gather_into_tensor_coalesced": "allgather",
+                   "allgather_into_tensor_coalesced": "allgather",
+                   "reduce_scatter": "reducescatter", "_reduce_scatter_base": "reducescatter",
+                   "reduce_scatter_tensor_coalesced": "reducescatter", "broadcast": "broadcast",
+                   "_broadcast_oop": "broadcast", "gather": "gather", "send": "send",
+                   "recv": "recv", "all_to_all": "alltoall", "alltoall_base": "alltoall",
+                   "reduce": "reduce", "scatter": "scatter"}
+
+
+def _open_text(path: Path):
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+class _Stream:
+    """Text read in chunks; values decoded one at a time with json's raw_decode."""
+
+    def __init__(self, f) -> None:
+        self.f, self.buf, self.pos = f, "", 0
+        self.decoder = json.JSONDecoder()
+
+    def peek(self) -> str:
+        """The next character that is not white space ('' at the end)."""
+        while True:
+            buf, pos = self.buf, self.pos
+            while pos < len(buf) and buf[pos] in " \t\r\n":
+                pos += 1
+            self.pos = pos
+            if pos < len(buf):
+                return buf[pos]
+            more = self.f.read(CHUNK)
+            if not more:
+                return ""
+            self.buf, self.pos = more, 0
+
+    def take(self) -> str:
+        char = self.peek()
+        self.pos += 1
+        return char
+
+    def value(self) -> Any:
+        """Decode one JSON value; read more text while it is cut off."""
+        self.peek()
+        while True:
+            try:
+                value, end = self.decoder.raw_decode(self.buf, self.pos)
+            except json.JSONDecodeError:
+                more = self.f.read(CHUNK)
+                if not more:
+                    raise
+                self.buf, self.pos = self.buf[self.pos:] + more, 0
+                continue
+            if end == len(self.buf) and isinstance(value, (int, float)):
+                more = self.f.read(CHUNK)  # a number may go on in the next chunk
+                if more:
+                    self.buf, self.pos = self.buf[self.pos:] + more, 0
+                    continue
+            self.pos = end
+            if end > CHUNK:  # drop what was read, keep the buffer near one chunk
+                self.buf, self.pos = self.buf[end:], 0
+            return value
+
+
+def iter_events(path: Path, header: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Yield the objects of the top-level `traceEvents` array one by one; the top-level
+    values of the other keys named in `header` (e.g. distributedInfo) are filled in."""
+    with _open_text(path) as f:
+        s = _Stream(f)
+        if s.take() != "{":
+            raise ConfigError(f"{path}: not a Kineto JSON trace (no top-level object); pass "
+                              "the .json or .json.gz that torch.profiler exported")
+        while True:
+            char = s.peek()
+            if char == ",":
+                s.take()
+                continue
+            if char in ("}", ""):
+                return
+            key = s.value()
+            if s.take() != ":":
+                raise ValueError("expected ':'")
+            if key != "traceEvents":
+                value = s.value()
+                if key in header:
+                    header[key] = value
+                continue
+            if s.take() != "[":
+                raise ConfigError(f"{path}: traceEvents is not an array; pass the .json "
+                                  "that torch.profiler exported")
+            while True:
+                char = s.peek()
+                if char == ",":
+                    s.take()
+                    continue
+                if char == "]":
+                    s.take()
+                    break
+                if char == "":
+                    raise ValueError("the traceEvents array is cut off")
+                yield s.value()
+
+
+def _dims(args: dict[str, Any], index: int) -> list[Any] | None:
+    dims = args.get("Input Dims")
+    if not isinstance(dims, list) or index >= len(dims):
+        return None
+    return dims[index]
+
+
+def _numel(dims: Any) -> int | None:
+    """Elements of a tensor's dims, or of a TensorList's (sum over its tensors)."""
+    if not isinstance(dims, list):
+        return None
+    if dims and isinstance(dims[0], list):
+        if not all(isinstance(d, list) and all(isinstance(x, int) for x in d) for d in dims):
+            return None  # a list of lists of tensors: not one rank's input
+        return sum(prod(d) for d in dims)
+    return prod(dims) if all(isinstance(x, int) for x in dims) else None
+
+
+def _concrete_int(args: dict[str, Any], index: int | None) -> int | None:
+    values = args.get("Concrete Inputs")
+    if index is None or not isinstance(values, list) or index >= len(values):
+        return None
+    try:
+        return int(values[index])
+    except (TypeError, ValueError):
+        return None
+
+
+def _torch_dtype(name: Any) -> str | None:
+    return TORCH_DTYPES.get(name) if isinstance(name, str) else None
+
+
+def _pg_sizes(info: dict[str, Any] | None, rank: int) -> set[int]:
+    """Sizes of the process groups this rank belongs to (distributedInfo.pg_config)."""
+    sizes = set()
+    for pg in (info or {}).get("pg_config") or []:
+        ranks = pg.get("ranks")
+        if isinstance(ranks, list) and len(ranks) < 2:
+            continue  # a group of one rank (a PP group at pp=1) says nothing of the others
+        if isinstance(ranks, list) and rank in ranks:
+            sizes.add(len(ranks))
+        elif isinstance(pg.get("pg_size"), int) and not isinstance(ranks, list):
+            sizes.add(pg["pg_size"])
+    return sizes
+
+
+def read_kineto(path: Path, trace: Trace, default_rank: int) -> RankCalls:
+    """Read one rank's Kineto trace into `trace`; return that rank's calls."""
+    header: dict[str, Any] = {"distributedInfo": None, "host_name": None}
+    param_comms: list[tuple[float, Call]] = []
+    c10d: list[tuple[float, str, dict[str, Any]]] = []
+    backend: dict[str, list[tuple[float, int | None, str | None]]] = defaultdict(list)
+    steps: list[float] = []
+    try:
+        for event in iter_events(path, header):
+            if not isinstance(event, dict) or event.get("ph") != "X":
+                continue
+            name = event.get("name")
+            if not isinstance(name, str):
+                continue
+            args = event.get("args") or {}
+            ts = float(event.get("ts") or 0.0)
+            if name == "record_param_comms":
+                call = _param_comms_call(args)
+                if call is None:
+                    trace.unparsed += 1
+                    trace.unknown[f"record_param_comms {args.get('Collective name')}"] += 1
+                else:
+                    param_comms.append((ts, call))
+            elif name.startswith("c10d::"):
+                if name in C10D_OPS:
+                    c10d.append((ts, name, args))
+                else:
+                    trace.unparsed += 1
+                    trace.unknown[name] += 1
+            elif name.startswith(("gloo:", "nccl:")):
+                op = BACKEND_OPS.get(name.split(":", 1)[1])
+                if op is None:
+                    trace.unparsed += 1
+                    trace.unknown[name] += 1
+                    continue
+                types = args.get("Input type") or [None]
+                dims = args.get("Input Dims") or [None]
+                backend[op].append((ts, _numel(dims[0]), _torch_dtype(types[0])))
+            elif name.startswith("ProfilerStep#"):
+                steps.append(ts)
+    except (json.JSONDecodeError, ValueError, UnicodeDecodeError, OSError, EOFError) as err:
+        raise ConfigError(f"{path}: not a readable Kineto JSON trace ({err}); pass the "
+                          ".json or .json.gz that torch.profiler exported") from None
+
+    info = header["distributedInfo"] if isinstance(header["distributedInfo"], dict) else None
+    rank = info.get("rank") if info else None
+    rank = rank if isinstance(rank, int) else default_rank
+    sizes = _pg_sizes(info, rank)
+    only_size = next(iter(sizes)) if len(sizes) == 1 else None
+    host = header["host_name"] or "?"
+    calls = RankCalls(rank=rank, name=f"{host}:rank{rank} ({path.name})")
+
+    timed: list[tuple[float, Call]]
+    if param_comms:
+        timed = param_comms
+    elif c10d:
+        timed = _from_c10d(c10d, backend, only_size, trace)
+    else:
+        timed = [(ts, Call(op=op, numel=numel or 0, dtype=dtype or "unknown",
+                           group_size=only_size))
+                 for op, events in backend.items() for ts, numel, dtype in events]
+    timed.sort(key=lambda tc: tc[0])
+    for _, call in timed:
+        calls.ids.append(trace.intern(call))
+    if steps:
+        steps.sort()
+        starts, i = [], 0
+        for start in steps:
+            while i < len(timed) and timed[i][0] < start:
+                i += 1
+            starts.append(i)
+        # calls before the first annotation belong to no step; they start the list
+        calls.step_starts = sorted(set(([0] if starts and starts[0] > 0 else []) + starts))
+        calls.step_starts = [s for s in calls.step_starts if s < len(timed)]
+    return calls
+
+
+def _param_comms_call(args: dict[str, Any]) -> Call | None:
+    op = PARAM_COMMS_OPS.get(args.get("Collective name"))
+    dtype = _torch_dtype(args.get("dtype"))
+    numel = args.get("In msg nelems")
+    if op is None or dtype is None or not isinstance(numel, int):
+        return None
+    size = args.get("Group size")
+    peer = args.get("Rank") if op in ("send", "recv") else None
+    return Call(op=op, numel=numel, dtype=dtype,
+                group_size=size if isinstance(size, int) else None,
+                group=str(args.get("Process Group Name")) if "Process Group Name" in args
+                else None, peer=peer if isinstance(peer, int) else None)
+
+
+def _from_c10d(events: list[tuple[float, str, dict[str, Any]]],
+               backend: dict[str, list[tuple[float, int | None, str | None]]],
+               only_size: int | None, trace: Trace) -> list[tuple[float, Call]]:
+    """c10d events; a TensorList's dtype comes from the k-th backend event of the same kind
+    (gloo runs a process group's work in the order it was queued)."""
+    for events_of_kind in backend.values():
+        events_of_kind.sort(key=lambda e: e[0])
+    used: dict[str, int] = defaultdict(int)
+    out = []
+    for ts, name, args in sorted(events, key=lambda e: e[0]):
+        op, index, target = C10D_OPS[name]
+        numel = _numel(_dims(args, index))
+        types = args.get("Input type") or []
+        dtype = _torch_dtype(types[index]) if index < len(types) else None
+        k = used[op]
+        used[op] += 1
+        if dtype is None and k < len(backend.get(op, ())):
+            _, b_numel, b_dtype = backend[op][k]
+            if b_numel == numel:
+                dtype = b_dtype
+        if numel is None:
+            trace.unparsed += 1
+            trace.unknown[f"{name} without Input Dims (record_shapes off?)"] += 1
+            continue
+        size = only_size
+        if op in ("allgather", "reducescatter"):
+            other = _numel(_dims(args, 0))
+            if other and numel:
+                size = other // numel if op == "allgather" else numel // other
+        value = _concrete_int(args, target)
+        out.append((ts, Call(op=op, numel=numel, dtype=dtype or "unknown", group_size=size,
+                             peer=value if op in ("send", "recv") else None,
+                             root=value if op in ("gather", "broadcast", "reduce") else None)))
+    return out

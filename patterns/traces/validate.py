@@ -1,0 +1,209 @@
+"""A generated pattern next to a trace: rank by rank, call kind by call kind and size by
+size, per phase; and the first call where they part.
+
+A real trace holds more than one inference: an engine's start-up (warm-up forward passes,
+barriers) comes before the request and other requests after it. The inference is found in
+each rank's call list where the pattern's first step first matches; calls before and after
+it are counted and reported, not compared. Calls inside it must match one for one.
+
+NCCL has no gather or all-to-all before 2.30 (ncclGather, ncclAlltoAll: src/collectives.cc
+of v2.30.7-1): torch's ProcessGroupNCCL, like this project's nccl backend, issues them as
+grouped Send/Recv, and the COLL log prints those. Against an NCCL log a pattern's gather is
+compared in that form (the root receives from every other rank in rank order, every other
+rank sends to the root), and an all-to-all as a Send and a Recv to every rank in turn.
+"""
+
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from patterns.errors import ConfigError
+from patterns.ops import Op, Phase
+from patterns.pattern import Pattern
+from patterns.traces.calls import Call, RankCalls, Trace
+
+HIDDEN_HINT = ("the trace holds fewer all-reduces than the pattern; if the engine ran CUDA "
+               "graphs or custom all-reduce, those hid calls: calls replayed from a CUDA "
+               "graph are not logged (NCCL prints a COLL line at capture) and custom, "
+               "FlashInfer or symmetric-memory all-reduces never reach NCCL or c10d; capture "
+               "with --enforce-eager and --disable-custom-all-reduce (engine spec 10.5)")
+
+
+@dataclass(frozen=True)
+class Row:
+    rank: int
+    phase: str
+    op: str
+    numel: int
+    dtype: str
+    group_size: int | None
+    trace_calls: int
+    pattern_calls: int
+
+    @property
+    def status(self) -> str:
+        if self.trace_calls == self.pattern_calls:
+            return "equal"
+        if self.trace_calls == 0:
+            return "missing"
+        if self.pattern_calls == 0:
+            return "extra"
+        return "different"
+
+
+@dataclass
+class Validation:
+    rows: list[Row]
+    first_difference: str | None
+    notes: list[str] = field(default_factory=list)
+    before: dict[int, int] = field(default_factory=dict)  # rank -> calls before the inference
+    after: dict[int, int] = field(default_factory=dict)  # rank -> calls after it
+
+    @property
+    def match(self) -> bool:
+        return self.first_difference is None
+
+
+@dataclass(frozen=True)
+class _Expected:
+    phase: Phase
+    step: int
+    index: int  # the op's place in its step
+    call: Call
+    tag: str
+
+
+def _group_rank(pattern: Pattern, rank: int, op: Op) -> int:
+    layout = pattern.layout
+    return layout.stage_of(rank) if op.group == "pp" else layout.tp_rank_of(rank)
+
+
+def _as_calls(op: Op, me: int, p2p: set[str]) -> list[Call]:
+    """The calls one op shows in the trace: itself, or NCCL's grouped Send/Recv form."""
+    n, dt, size = op.numel, op.dtype, op.group_size
+    kind = op.kind.value
+    if kind == "gather" and "gather" in p2p:
+        root = op.root or 0
+        if me != root:
+            return [Call("send", n, dt, size, peer=root)]
+        return [Call("recv", n, dt, size, peer=r) for r in range(size) if r != root]
+    if kind == "alltoall" and "alltoall" in p2p:
+        chunk = n // size
+        return [c for r in range(size) for c in (Call("send", chunk, dt, size, peer=r),
+                                                  Call("recv", chunk, dt, size, peer=r))]
+    return [Call(kind, n, dt, size, peer=op.peer, root=op.root)]
+
+
+def _expected(pattern: Pattern, rank: int, p2p: set[str]) -> Iterator[_Expected]:
+    """What one rank should issue over one inference, lazily."""
+    stage = pattern.layout.stage_of(rank)
+    step_index = 0
+    for run in pattern.stages[stage]:
+        for _ in range(run.repeat):
+            for i, op in enumerate(run.step.ops):
+                for call in _as_calls(op, _group_rank(pattern, rank, op), p2p):
+                    yield _Expected(run.phase, step_index, i, call, op.tag)
+            step_index += 1
+
+
+def _same(got: Call, want: Call) -> bool:
+    """Equal where the trace knows: a gloo c10d event does not record its group's size."""
+    if (got.op, got.numel, got.dtype) != (want.op, want.numel, want.dtype):
+        return False
+    if got.group_size is not None and got.group_size != want.group_size:
+        return False
+    if got.peer is not None and want.peer is not None and got.peer != want.peer:
+        return False
+    return not (got.root is not None and want.root is not None and got.root != want.root)
+
+
+def _start(trace: Trace, rank: RankCalls, first_step: list[Call]) -> int:
+    """Where the inference starts: the first place the pattern's first step matches."""
+    if not first_step:
+        return 0
+    table, ids, k = trace.table, rank.ids, len(first_step)
+    head = first_step[0]
+    for start in range(len(ids) - k + 1):
+        if _same(table[ids[start]], head) and all(
+                _same(table[ids[start + j]], first_step[j]) for j in range(1, k)):
+            return start
+    return 0
+
+
+def _compare_rank(trace: Trace, rank: RankCalls, pattern: Pattern, p2p: set[str],
+                  rows: list[Row], result: Validation) -> str | None:
+    expected = list(_expected(pattern, rank.rank, p2p))
+    first_step = [e.call for e in expected if e.step == 0]
+    start = _start(trace, rank, first_step)
+    end = min(len(rank.ids), start + len(expected))
+    result.before[rank.rank] = start
+    result.after[rank.rank] = len(rank.ids) - end
+    table = trace.table
+    first: str | None = None
+    for offset, call_id in enumerate(rank.ids[start:end]):
+        got, want = table[call_id], expected[offset]
+        if not _same(got, want.call):
+            first = (f"rank {rank.rank}: call {start + offset} ({want.phase.value} step "
+                     f"{want.step}, op {want.index} of the step) differs: the trace has "
+                     f"{got.describe()}, the pattern has {want.call.describe()} [{want.tag}]")
+            break
+    if first is None and end - start < len(expected):
+        want = expected[end - start]
+        first = (f"rank {rank.rank}: call {end} ({want.phase.value} step {want.step}, op "
+                 f"{want.index} of the step) is missing: the trace ends after {end} calls, "
+                 f"the pattern has {want.call.describe()} [{want.tag}]")
+    # rows: the window's calls, the first pattern-prefill-many of them as the prefill
+    prefill = sum(1 for e in expected if e.phase == Phase.PREFILL)
+    got_counts: Counter = Counter()
+    for offset, call_id in enumerate(rank.ids[start:end]):
+        call = table[call_id]
+        phase = Phase.PREFILL if offset < prefill else Phase.DECODE
+        got_counts[(phase.value, call.op, call.numel, call.dtype, call.group_size)] += 1
+    want_counts: Counter = Counter()
+    unsized = {k[:4] for k in got_counts if k[4] is None}
+    for e in expected:
+        c = e.call
+        key = (e.phase.value, c.op, c.numel, c.dtype, c.group_size)
+        want_counts[(*key[:4], None) if key[:4] in unsized else key] += 1
+    for key in dict.fromkeys([*want_counts, *got_counts]):
+        rows.append(Row(rank.rank, key[0], key[1], key[2], key[3], key[4],
+                        got_counts.get(key, 0), want_counts.get(key, 0)))
+    return first
+
+
+def validate(trace: Trace, pattern: Pattern) -> Validation:
+    world = pattern.layout.world_size
+    result = Validation([], None)
+    present = {call.op for call in trace.table}
+    # the p2p form where the log holds NCCL calls and no native gather / all-to-all
+    p2p = ({k for k in ("gather", "alltoall") if k not in present}
+           if trace.formats == {"nccl"} else set())
+    for rank in trace.ranks:
+        if not 0 <= rank.rank < world:
+            raise ConfigError(f"trace rank {rank.rank} ({rank.name}) is outside the layout's "
+                              f"{world} ranks; pass the --tp/--pp the engine ran with")
+        first = _compare_rank(trace, rank, pattern, p2p, result.rows, result)
+        if result.first_difference is None:
+            result.first_difference = first
+    notes = result.notes
+    got_ar = sum(r.trace_calls for r in result.rows if r.op == "allreduce")
+    want_ar = sum(r.pattern_calls for r in result.rows if r.op == "allreduce")
+    if got_ar < want_ar:
+        notes.append(HIDDEN_HINT)
+    if p2p & {op.kind.value for runs in pattern.stages for run in runs for op in run.step.ops}:
+        notes.append("NCCL logs show gather and all-to-all as grouped Send/Recv (NCCL < 2.30); "
+                     "the pattern's are compared in that form")
+    if any(r.group_size is None for r in result.rows):
+        notes.append("the trace does not record every call's group size (c10d events on "
+                     "gloo): those calls are compared on op, elements and dtype")
+    outside = {r: (result.before[r], result.after[r]) for r in result.before
+               if result.before[r] or result.after[r]}
+    if outside:
+        text = "; ".join(f"rank {r}: {b} before, {a} after" for r, (b, a) in outside.items())
+        notes.append("calls outside the inference (engine start-up, barriers, other requests) "
+                     f"were not compared: {text}")
+    missing = sorted(set(range(world)) - {r.rank for r in trace.ranks})
+    if missing:
+        notes.append(f"the trace holds {len(trace.ranks)} of the layout's {world} ranks; ranks "
+                     f"{', '.join(map(str, missing))} were not compared")
+    return result
