@@ -1,4 +1,5 @@
-"""DP x EP replays with --check on real local ranks, over MPI and over gloo.
+"""DP x EP replays with --check on real local ranks over MPI, from the rules' test stand-in
+(the profiles' replays over MPI and gloo are in test_moe_replay_cli.py).
 
 Each rank runs tests/moe_ranks.py: the stand-in vLLM step of a tiny MoE model (3 layers,
 the first dense, 8 experts, top-2; prompt 3, 3 output tokens: 1 prefill + 2 decode steps)
@@ -29,24 +30,17 @@ def launch(tmp: Path, backend: str, nproc: int, *args: str, fault: str = "") -> 
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     if fault:
         env["INFERCOMM_FAULT"] = fault
-    if backend == "mpi":
-        mpiexec = str(Path(sys.executable).parent / "mpiexec")
-        procs = [subprocess.Popen([mpiexec, "-n", str(nproc), sys.executable, RANK_SCRIPT,
-                                   backend, *args], env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True)]
-    else:
-        env.update(WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-        procs = [subprocess.Popen([sys.executable, RANK_SCRIPT, backend, *args],
-                                  env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for r in range(nproc)]
+    mpiexec = str(Path(sys.executable).parent / "mpiexec")
+    procs = [subprocess.Popen([mpiexec, "-n", str(nproc), sys.executable, RANK_SCRIPT,
+                               backend, *args], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)]
     for proc in procs:
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err[-2000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 
-BACKENDS = [pytest.param("mpi", marks=needs_mpi), "torch"]
+BACKENDS = [pytest.param("mpi", marks=needs_mpi)]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
