@@ -100,11 +100,14 @@ def sequence_parallel_moe(layout: Layout) -> bool:
     return layout.ep and layout.tp > 1 and layout.dp > 1
 
 
-def notes(model: ModelConfig, layout: Layout) -> list[str]:
+def notes(model: ModelConfig, layout: Layout, engine: str = "vllm") -> list[str]:
     """What a reader of a pattern must know about its DP and EP (pattern headers): never a
     silent TP-only answer to an expert-parallel question."""
     out = []
-    if layout.dp > 1 and not model.is_moe:
+    if layout.dp > 1 and model.is_moe and not layout.ep and engine == "sglang":
+        out.append(f"dp({layout.dp}) without --ep: SGLang's DP router, {layout.dp} "
+                   "independent replicas with experts over TP; DP attention needs --ep")
+    elif layout.dp > 1 and not model.is_moe:
         out.append(f"dp({layout.dp}) with a dense model: {layout.dp} independent replicas, "
                    "no call between them; every replica issues the calls below")
     elif model.is_moe and layout.dp == 1:

@@ -209,3 +209,16 @@ def test_sglang_dp_attention_deepseek_dp8():
     # Extend, SUM_LEN: all-reduces of the zero-filled [8 x 2048, h] buffer, twice per layer.
     assert {(op.kind.value, op.shape) for op in prefill.ops[1:123]} == {
         ("allreduce", (16384, 7168))}
+
+
+def test_engines_without_dp_rules_refuse_ep_and_sglang_dp_without_ep_is_replicas():
+    for engine in ("vllm-v0", "trtllm", "megatron"):
+        with pytest.raises(ConfigError, match=f"engine {engine} does not model --ep; use "
+                                              "--engine sglang or vllm"):
+            generate(engine, DEEPSEEK, Layout(dp=8, ep=True), Workload(16, 2))
+    with pytest.raises(ConfigError, match="does not model dp\\(2\\) with the MoE model"):
+        generate("trtllm", resolve_model("mixtral-8x7b"), Layout(dp=2, tp=2), Workload(16, 2))
+    # SGLang --dp without --ep: its DP router, replicas with experts over TP (no DP call).
+    pat = generate("sglang", resolve_model("mixtral-8x7b"), Layout(dp=2, tp=2),
+                   Workload(16, 2))
+    assert {op.group for run in pat.stages[0] for op in run.step.ops} == {"tp"}

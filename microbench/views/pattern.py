@@ -104,7 +104,7 @@ def title(pattern: Pattern) -> str:
 
 def pattern_notes(pattern: Pattern) -> list[str]:
     """What the table alone would not say: replicas, experts without EP, uneven DP ranks."""
-    said = notes(pattern.model, pattern.layout)
+    said = notes(pattern.model, pattern.layout, pattern.engine)
     if any(replica != pattern.dp_stages[0] for replica in pattern.dp_stages[1:]):
         said.append("DP ranks issue different shapes (--dp-batches): the rows are DP rank "
                     "0's; the volume counts every rank's calls")

@@ -202,12 +202,14 @@ def _dp_attention(model: ModelConfig, layout: Layout, workload: Workload,
 @register(INFO)
 def sglang(model: ModelConfig, layout: Layout, workload: Workload,
            options: EngineOptions) -> Pattern:
-    if layout.dp > 1 and model.is_moe:
+    # --dp N --ep is DP attention (--enable-dp-attention); --dp alone is SGLang's DP router:
+    # independent replicas, MoE or not.
+    if layout.dp > 1 and model.is_moe and layout.ep:
         replicas = _dp_attention(model, layout, workload, options)
         return Pattern(engine=INFO.name, model=model, layout=layout, workload=workload,
                        options=options, stages=replicas[0], dp_stages=replicas)
     counts = stage_layer_counts(model.num_hidden_layers, layout.pp)
-    # Dense at dp > 1: independent replicas (SGLang's DP router), each with its own batch.
+    # Replicas at dp > 1 (SGLang's DP router), each with its own batch.
     batches = [workload.batch_of(d) for d in range(layout.dp)]
     replicas = tuple(
         tuple(tuple(_stage_runs(st, options)) for st in stages(

@@ -10,7 +10,6 @@ TP rank 0, since `use_all_gather()` is False for V0 on GPUs), `distributed/utils
 """
 
 from patterns.engines import EngineInfo, register
-from patterns.errors import ConfigError
 from patterns.layout import Layout, Workload
 from patterns.models import ModelConfig, mlp_module
 from patterns.ops import Op, OpKind, Phase, Step
@@ -188,10 +187,8 @@ INFO = EngineInfo(
 @register(INFO)
 def vllm_v0(model: ModelConfig, layout: Layout, workload: Workload,
             options: EngineOptions) -> Pattern:
-    if layout.ep or (layout.dp > 1 and model.is_moe) or workload.dp_batches is not None:
-        raise ConfigError(f"vllm-v0 models neither expert parallelism nor data-parallel MoE "
-                          f"(dp({layout.dp}), ep {layout.ep}); use --engine vllm or sglang")
-    # dp > 1 with a dense model: independent replicas, each issuing the stages below.
+    # dp > 1 with a dense model: independent replicas, each issuing the stages below
+    # (`generate` refuses EP and DP MoE for this profile).
     stages = []
     first_layer = 0
     for stage, num_layers in enumerate(stage_layer_counts(model.num_hidden_layers, layout.pp)):
