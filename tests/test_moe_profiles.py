@@ -182,7 +182,8 @@ def test_alltoall_and_volume_by_group():
     # int32 coordination is 128 bytes x 2 x 7/8 = 224 per step.
     ep = 58 * 2 * (16384 + 1024) * 7168 * 2 * 7 // 8
     assert volume_by_group(pat) == {"ep": ep, "dp": 2 * 224}
-    with pytest.raises(ConfigError, match="a2a alltoall needs --ep"):
+    with pytest.raises(ConfigError, match=r"needs --dp N \(N > 1\) and --ep \(here dp\(8\), ep "
+                                          "False"):
         generate("vllm", DEEPSEEK, Layout(dp=8), Workload(16, 2), EngineOptions(a2a="alltoall"))
 
 
@@ -222,3 +223,9 @@ def test_engines_without_dp_rules_refuse_ep_and_sglang_dp_without_ep_is_replicas
     pat = generate("sglang", resolve_model("mixtral-8x7b"), Layout(dp=2, tp=2),
                    Workload(16, 2))
     assert {op.group for run in pat.stages[0] for op in run.step.ops} == {"tp"}
+
+
+def test_alltoall_needs_dp_and_ep():
+    with pytest.raises(ConfigError, match=r"it needs --dp N \(N > 1\) and --ep \(here dp\(1\)"):
+        generate("vllm", DEEPSEEK, Layout(tp=8, ep=True), Workload(16, 2),
+                 EngineOptions(a2a="alltoall"))

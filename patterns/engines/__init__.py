@@ -90,6 +90,11 @@ def generate(engine: str, model: ModelConfig, layout: Layout, workload: Workload
     layout.check_model(model)
     layout.check_workload(workload)
     _check_data_parallel(engine, model, layout, workload)
+    if options is not None and options.a2a != "allgather_reducescatter" and not (
+            layout.ep and layout.dp > 1 and model.is_moe):
+        raise ConfigError(f"a2a {options.a2a} exchanges a MoE model's tokens between DP ranks: "
+                          f"it needs --dp N (N > 1) and --ep (here dp({layout.dp}), ep "
+                          f"{layout.ep}, {model.name})")
     if workload.dtype is None:
         workload = replace(workload, dtype=model.default_dtype)
     options = options or EngineOptions()
