@@ -26,6 +26,9 @@ Code read: modal-projects/sglang @ 8905cbd4 (upstream main of 2026-07-20, about 
 - `managers/scheduler.py: recv_requests`: `broadcast_pyobj` over the TP gloo group each
   scheduler loop (the size tensor; `--control-plane`).
 Transports: `patterns/transports.py` (custom all-reduce V2, FlashInfer fusion).
+DP attention with expert parallelism (`--dp N --ep`, a MoE model): `patterns/moe.py`
+(`layers/dp_attention.py` @ 14573efd, MLPSyncBatchInfo), hooked in `_dp_attention`; `--dp`
+without `--ep` is SGLang's DP router: independent replicas.
 """
 
 from dataclasses import replace

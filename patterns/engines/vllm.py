@@ -35,6 +35,10 @@ Code read: vLLM upstream main of 2026-08-03 as modal-projects/vllm @ c8109375 (a
   (`_is_default_v2_model_runner_model`, #44443 `a2f71300`). Model Runner V1 with async
   scheduling (`v1/worker/gpu_model_runner.py:4582-4590, 4822-4837`): sampled ids [R, 1]
   int32 on the PP group, skipped when every request is a partial prefill.
+- MoE with data parallelism (`--dp N`, `--ep`): the rules and their sources are in
+  `patterns/moe.py` (all2all.py AgRsAll2AllManager, fused_moe/config.py, dp_utils.py), the
+  DP ranks' steps lined up and padded in `patterns/dp_steps.py`; hooked in `moe_layer_ops`
+  and `_dp_replicas`. A dense model at dp > 1 is independent replicas.
 """
 
 from dataclasses import replace
