@@ -37,6 +37,15 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def positive_int_list(text: str) -> tuple[int, ...]:
+    """A comma-separated list of positive integers: 3,5,2,8."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of positive integers, e.g. 3,5,2,8")
+    return tuple(int(p) for p in parts)
+
+
 _SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 

@@ -13,7 +13,7 @@ from patterns.models import PRESETS, ModelConfig, from_hf_config, resolve_model
 from patterns.ops import Op, OpKind, Phase, Step, Transport
 from patterns.pattern import EngineOptions, Pattern, Run
 from patterns.summary import PatternRow, pattern_rows
-from patterns.volume import op_volume, volume_bytes
+from patterns.volume import op_volume, volume_by_group, volume_bytes
 
 __all__ = [
     "ENGINES",
@@ -40,5 +40,6 @@ __all__ = [
     "op_volume",
     "pattern_rows",
     "resolve_model",
+    "volume_by_group",
     "volume_bytes",
 ]

@@ -31,6 +31,7 @@ class Transport(StrEnum):
     SYMM_MEM = "symm-mem"  # torch symmetric-memory all-reduce
     MULTIMEM = "multimem"  # NVLS multicast (multimem) kernels
     GLOO = "gloo"  # a CPU group
+    NVSHMEM = "nvshmem"  # DeepEP-style all-to-all kernels (NVSHMEM / IPC), not NCCL
 
 
 DEVICE_TRANSPORTS = frozenset(Transport) - {Transport.GLOO}
@@ -50,6 +51,10 @@ class Op:
     side's rank in `group` for send/recv; `root` the root's rank in `group` for gather and
     broadcast. `tag` names the engine code that issues the call; `transport` what the
     engine sends it through under its defaults.
+
+    `counts` makes an all-gather or reduce-scatter uneven (all-gatherv, reduce-scatterv):
+    the elements of each group rank's part, in group order (its input for an all-gather, its
+    output for a reduce-scatter). None: every part is equal, as for any other kind.
     """
 
     kind: OpKind
@@ -62,6 +67,27 @@ class Op:
     peer: int | None = None
     root: int | None = None
     transport: Transport = Transport.NCCL
+    counts: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.counts is None:
+            return
+        if self.kind not in (OpKind.ALLGATHER, OpKind.REDUCESCATTER):
+            raise ValueError(f"counts are for allgather and reducescatter, not {self.kind}")
+        if len(self.counts) != self.group_size:
+            raise ValueError(f"{len(self.counts)} counts for a group of {self.group_size}")
+        total = prod(self.out_shape if self.kind == OpKind.ALLGATHER else self.shape)
+        if sum(self.counts) != total:
+            raise ValueError(f"counts {self.counts} do not add up to the {total} elements of "
+                             f"the gathered / reduced tensor of {self.tag}")
+
+    @property
+    def part_counts(self) -> tuple[int, ...]:
+        """Elements of each group rank's part of an all-gather or reduce-scatter."""
+        if self.counts is not None:
+            return self.counts
+        whole = prod(self.out_shape if self.kind == OpKind.ALLGATHER else self.shape)
+        return (whole // self.group_size,) * self.group_size
 
     @property
     def numel(self) -> int:

@@ -28,6 +28,9 @@ class EngineOptions:
     model_runner: str | None = None  # vLLM V1's model runner v1 or v2; None: vLLM's default
     sp: bool = False  # Megatron sequence parallelism
     max_num_seqs: int | None = None  # None: the engine's default
+    # How MoE layers exchange tokens under --dp N (patterns/moe.py A2A_MODES): vLLM's
+    # default all-gather + reduce-scatter, or DeepEP-style all-to-all (needs --ep).
+    a2a: str = "allgather_reducescatter"
 
     def __post_init__(self) -> None:
         if self.gpu not in GPUS:
@@ -60,6 +63,20 @@ class Pattern:
     workload: Workload
     options: EngineOptions
     stages: tuple[tuple[Run, ...], ...]  # stages[s] is the run list of every rank in stage s
+    # Per DP rank, when DP ranks issue different calls (uneven --dp-batches): dp_stages[d][s].
+    # Empty: every DP rank issues `stages`. When set, dp_stages[0] == stages.
+    dp_stages: tuple[tuple[tuple[Run, ...], ...], ...] = ()
+
+    def runs(self, stage: int, dp_rank: int = 0) -> tuple[Run, ...]:
+        """The run list of the ranks of one stage of one DP rank."""
+        return self.dp_stages[dp_rank][stage] if self.dp_stages else self.stages[stage]
+
+    def runs_of_rank(self, rank: int) -> tuple[Run, ...]:
+        return self.runs(self.layout.stage_of(rank), self.layout.dp_rank_of(rank))
+
+    def replicas(self) -> tuple[tuple[tuple[Run, ...], ...], ...]:
+        """The stages of every DP rank (the same object repeated when they are equal)."""
+        return self.dp_stages or (self.stages,) * self.layout.dp
 
     def steps(self, stage: int) -> Iterator[tuple[Phase, Step]]:
         """The steps of one inference in order, expanded lazily."""

@@ -1,8 +1,9 @@
 """A pattern as a table: equal calls of a phase and stage folded into one row with a count."""
 
+import re
 from dataclasses import dataclass
 
-from patterns.ops import Op, Phase, Transport
+from patterns.ops import Op, Phase, Step, Transport
 from patterns.pattern import Pattern
 
 
@@ -63,3 +64,67 @@ def engine_transport_calls(pattern: Pattern, stage: int) -> dict[Transport, int]
         for op in run.step.ops:
             calls[op.transport] = calls.get(op.transport, 0) + run.repeat
     return calls
+
+
+@dataclass(frozen=True)
+class MoeLayerRow:
+    """The calls of one layer of a kind (moe or dense) in the first step of a phase, on a
+    rank of DP rank 0: the dispatch and combine of the experts and everything else."""
+
+    phase: Phase
+    kind: str  # "moe" or "dense"
+    layers: int  # layers of this kind in the stage
+    tokens: int  # T of the step
+    dispatch_calls: int
+    dispatch_bytes: int  # input bytes of one layer's dispatch calls on one rank
+    combine_calls: int
+    combine_bytes: int
+    other_calls: int  # attention all-reduce, sequence-parallel all-gather, ...
+    other_bytes: int
+
+
+_LAYER = re.compile(r"^layers\.(\d+)\.")
+
+
+def _is_moe_layer(pattern: Pattern, layer: int) -> bool:
+    check = getattr(pattern.model, "is_moe_layer", None)  # per-layer MoE map when known
+    return bool(check(layer)) if check is not None else pattern.model.is_moe
+
+
+def _layer_row(pattern: Pattern, phase: Phase, step: Step, kind: str) -> MoeLayerRow | None:
+    from patterns.vllm_rules import stage_layer_counts
+    layers = [i for i in range(stage_layer_counts(pattern.model.num_hidden_layers,
+                                                  pattern.layout.pp)[0])
+              if _is_moe_layer(pattern, i) == (kind == "moe")]
+    if not layers:
+        return None
+    per_layer: dict[int, list[Op]] = {i: [] for i in layers}
+    for op in step.ops:
+        found = _LAYER.match(op.tag)
+        if found and int(found.group(1)) in per_layer:
+            per_layer[int(found.group(1))].append(op)
+    ops = per_layer[layers[0]]  # layers of a kind issue the same calls
+    parts = {"dispatch": [o for o in ops if ".dispatch" in o.tag],
+             "combine": [o for o in ops if ".combine" in o.tag]}
+    other = [o for o in ops if o not in parts["dispatch"] and o not in parts["combine"]]
+    return MoeLayerRow(phase, kind, len(layers), step.tokens,
+                       len(parts["dispatch"]), sum(o.bytes for o in parts["dispatch"]),
+                       len(parts["combine"]), sum(o.bytes for o in parts["combine"]),
+                       len(other), sum(o.bytes for o in other))
+
+
+def moe_layer_rows(pattern: Pattern) -> list[MoeLayerRow]:
+    """Per phase and layer kind, one layer's calls and bytes in the phase's first step
+    (stage 0, DP rank 0); empty for a dense model."""
+    if not pattern.model.is_moe:
+        return []
+    rows = []
+    for phase in Phase:
+        step = pattern.first_step(0, phase)
+        if step is None:
+            continue
+        for kind in ("moe", "dense"):
+            row = _layer_row(pattern, phase, step, kind)
+            if row is not None:
+                rows.append(row)
+    return rows

@@ -4,6 +4,7 @@ A collective counts once for its group, with the traffic factor below; a send co
 bytes once; a recv is the other half of a send and counts nothing.
 """
 
+from collections.abc import Iterator
 from fractions import Fraction
 
 from patterns.ops import Op, OpKind
@@ -11,7 +12,11 @@ from patterns.pattern import Pattern
 
 
 def op_volume(op: Op) -> Fraction:
-    """Bytes one call moves, by the volume convention (exact, as a fraction)."""
+    """Bytes one call moves, by the volume convention (exact, as a fraction).
+
+    Uneven all-gathers and reduce-scatters (`Op.counts`) keep the convention: the gathered
+    (reduced) tensor's bytes x (n-1)/n, that tensor being the sum of the parts.
+    """
     n = op.group_size
     spread = Fraction(n - 1, n)
     match op.kind:
@@ -29,28 +34,47 @@ def op_volume(op: Op) -> Fraction:
 
 
 def _calls_in_deployment(op: Op, ranks_in_stage: int) -> Fraction:
-    """How many distinct calls the ranks of one stage make when each issues `op` once.
+    """The share of distinct calls the tp ranks of one (DP rank, stage) make when each
+    issues `op` once.
 
-    A point-to-point call is each rank's own; a collective is one call per group, and each
-    rank issues 1/group_size of it. A group that spans stages (pp, pp_broadcast) is thus
-    counted a share from each of its stages, which adds up to one call per group.
+    A point-to-point call is each rank's own; a collective is one call per group, and its
+    members spread over group_size / tp positions (an EP group of dp x tp ranks spans the
+    dp positions of a stage, so each contributes 1/dp of the call).
     """
     if op.kind in (OpKind.SEND, OpKind.RECV):
         return Fraction(ranks_in_stage)
     return Fraction(ranks_in_stage, op.group_size)
 
 
+def _walk(pattern: Pattern) -> Iterator[tuple[Op, Fraction]]:
+    """Every distinct op of every (DP rank, stage) with the calls of the deployment it
+    stands for (equal ops are counted together: DP replicas repeat the same calls)."""
+    repeats: dict[Op, int] = {}
+    for replica in pattern.replicas():
+        for runs in replica:
+            for run in runs:
+                for op in run.step.ops:
+                    repeats[op] = repeats.get(op, 0) + run.repeat
+    ranks_in_stage = pattern.layout.tp
+    for op, repeat in repeats.items():
+        yield op, _calls_in_deployment(op, ranks_in_stage) * repeat
+
+
 def volume_bytes(pattern: Pattern) -> dict[str, Fraction]:
     """Volume of one inference by op kind, plus `p2p` (send + recv) and `total`."""
     totals = {kind.value: Fraction(0) for kind in OpKind}
-    ranks_in_stage = pattern.layout.tp
-    for runs in pattern.stages:
-        for run in runs:
-            for op in run.step.ops:
-                calls = _calls_in_deployment(op, ranks_in_stage) * run.repeat
-                totals[op.kind.value] += op_volume(op) * calls
+    for op, calls in _walk(pattern):
+        totals[op.kind.value] += op_volume(op) * calls
     totals["p2p"] = totals[OpKind.SEND.value] + totals[OpKind.RECV.value]
     totals["total"] = sum((totals[kind.value] for kind in OpKind), Fraction(0))
+    return totals
+
+
+def volume_by_group(pattern: Pattern) -> dict[str, Fraction]:
+    """Volume of one inference by group kind (tp, pp, dp, ep, ...), every call once."""
+    totals: dict[str, Fraction] = {}
+    for op, calls in _walk(pattern):
+        totals[op.group] = totals.get(op.group, Fraction(0)) + op_volume(op) * calls
     return totals
 
 

@@ -104,6 +104,11 @@ class Communicator:
         assert root == 0
         _on(stream, _copy(r, s, count * _SIZES[dt]))
 
+    def reduce(self, s: int, r: int, count: int, dt: int, op: int, root: int,
+               stream: int) -> None:
+        assert root == 0
+        _on(stream, _copy(r, s, count * _SIZES[dt]))
+
     def send(self, ptr: int, count: int, dt: int, peer: int, stream: int) -> None:
         assert Communicator.pending is not None, "a send to self outside a group would hang"
         Communicator.pending.append(("send", ptr, count * _SIZES[dt], stream))

@@ -32,7 +32,7 @@ def test_json_document(cli):
     assert status == 0 and len(out.strip().splitlines()) == 1
     doc = json.loads(out)
     assert set(doc) >= {"model", "layout", "workload", "engine", "rows", "volume_bytes"}
-    assert doc["layout"] == {"tp": 2, "pp": 2, "world_size": 4}
+    assert doc["layout"] == {"tp": 2, "pp": 2, "dp": 1, "ep": False, "world_size": 4}
     row = doc["rows"][0]
     assert row == {"phase": "prefill", "stage": 0, "op": "allreduce", "group": "tp",
                    "group_size": 2, "shape": [128, 4096], "out_shape": [128, 4096],

@@ -44,10 +44,11 @@ class Backend(Protocol):
         """A flat device buffer of `numel` elements."""
 
     def bind(self, kind: str, group: Group, send: Any, recv: Any,
-             peer_or_root: int | None) -> BoundCall:
+             peer_or_root: int | None, counts: tuple[int, ...] | None = None) -> BoundCall:
         """One call ready to issue: `send` is the input, `recv` the output (None if in place).
 
-        `peer_or_root` is an index into `group.ranks`.
+        `peer_or_root` is an index into `group.ranks`. `counts` (allgather, reducescatter)
+        makes the call uneven: elements of each group rank's part, in group order.
         """
 
     def write(self, buffer: Any, values: np.ndarray) -> None:
@@ -75,6 +76,15 @@ BACKENDS: dict[str, str] = {
 }
 
 _FACTORIES: dict[str, Callable[..., Backend]] = {}
+
+
+def displacements(counts: tuple[int, ...]) -> list[int]:
+    """Where each part of an uneven call starts, in elements."""
+    starts, at = [], 0
+    for count in counts:
+        starts.append(at)
+        at += count
+    return starts
 
 
 def register(name: str) -> Callable[[Callable[..., Backend]], Callable[..., Backend]]:

@@ -10,7 +10,7 @@ import mpi4py
 import numpy as np
 
 from microbench.argtypes import UsageError
-from microbench.backends import BoundCall, Group, register
+from microbench.backends import BoundCall, Group, displacements, register
 from microbench.ranks.dist import DistEnv
 
 mpi4py.rc.threads = False  # one thread issues every call; no MPI_THREAD_MULTIPLE locking
@@ -51,6 +51,7 @@ class MpiBackend:
                 f"the launcher started {env.world_size} ranks ({env.launcher} variables) but "
                 f"MPI sees a world of {self.world_size}; {_srun_mpi_hint()}")
         self.types = MpiTypes()
+        self._groups_made = 0  # a distinct tag per Create_group call
         self.device = device
         self.cuda_aware = cuda_aware()
         self.staging = device == "cuda" and (staging or not self.cuda_aware)
@@ -62,12 +63,14 @@ class MpiBackend:
                           else "mpi-cuda-aware" if device == "cuda" else "mpi-host")
 
     def new_group(self, name: str, ranks: list[int]) -> Group:
+        self._groups_made += 1
         if self.rank not in ranks:
             return Group(name, tuple(ranks), -1, None)
         if len(ranks) == self.world_size:
             comm = self.comm
         else:
-            comm = self.comm.Create_group(self.comm.Get_group().Incl(ranks), tag=min(ranks))
+            comm = self.comm.Create_group(self.comm.Get_group().Incl(ranks),
+                                           tag=self._groups_made)
         return Group(name, tuple(ranks), comm.Get_rank(), comm)
 
     def empty(self, numel: int, dtype: str) -> Any:
@@ -92,13 +95,19 @@ class MpiBackend:
                 and self.types.sum_op(dtype) != MPI.SUM)
 
     def bind(self, kind: str, group: Group, send: Any, recv: Any,
-             peer_or_root: int | None) -> BoundCall:
+             peer_or_root: int | None, counts: tuple[int, ...] | None = None) -> BoundCall:
         comm = group.handle
         dtype = send.dtype if send is not None else recv.dtype
         staged = self.staging or self.staged_reduction(kind, dtype)
         s = self._spec(send, staged) if send is not None else None
         r = self._spec(recv, staged) if recv is not None else None
+        uneven = counts is not None
         match kind:
+            case "allgather" if uneven:
+                call = partial(comm.Allgatherv, s, [r[0], list(counts), displacements(counts),
+                                                     r[1]])
+            case "reducescatter" if uneven:
+                call = partial(comm.Reduce_scatter, s, r, list(counts), self.types.sum_op(dtype))
             case "allreduce":
                 call = partial(comm.Allreduce, MPI.IN_PLACE, s, self.types.sum_op(dtype))
             case "allgather":

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from microbench.argtypes import UsageError
-from microbench.backends import BoundCall, Group, register
+from microbench.backends import BoundCall, Group, displacements, register
 from microbench.ranks.dist import DistEnv, resolve_master_addr
 
 CUPY_MISSING = "the nccl backend needs CuPy: pip install 'infercomm[cuda]'"
@@ -113,10 +113,14 @@ class NcclBackend:
     # --- calls ---
 
     def bind(self, kind: str, group: Group, send: Any, recv: Any,
-             peer_or_root: int | None) -> BoundCall:
+             peer_or_root: int | None, counts: tuple[int, ...] | None = None) -> BoundCall:
         comm, s, nccl = group.handle, self.stream.ptr, self._nccl
         dt = self._types[(send if send is not None else recv).dtype]
         match kind:
+            case "allgather" if counts is not None:
+                return self._allgatherv(comm, group, send, recv, counts, dt)
+            case "reducescatter" if counts is not None:
+                return self._reducescatterv(comm, send, recv, counts, dt)
             case "allreduce":
                 return partial(comm.allReduce, send.ptr, send.ptr, send.numel, dt,
                                nccl.NCCL_SUM, s)
@@ -164,6 +168,30 @@ class NcclBackend:
         for r in range(n if count else 0):
             parts.append(partial(comm.send, send.ptr + r * step, count, dt, r, s))
             parts.append(partial(comm.recv, recv.ptr + r * step, count, dt, r, s))
+        return partial(_grouped, self._nccl, parts)
+
+    def _allgatherv(self, comm: Any, group: Group, send: "_Buffer", recv: "_Buffer",
+                    counts: tuple[int, ...], dt: int) -> BoundCall:
+        """As vLLM's PyNcclCommunicator.all_gatherv (distributed/device_communicators/
+        pynccl.py): in one NCCL group, one ncclBroadcast per rank, each rank the root of its
+        part of the output (the send buffer is read at the root only)."""
+        s, size = self.stream.ptr, recv.array.itemsize
+        parts = [partial(comm.broadcast, send.ptr if root == group.index else recv.ptr + at * size,
+                         recv.ptr + at * size, count, dt, root, s)
+                 for root, (count, at) in enumerate(zip(counts, displacements(counts),
+                                                        strict=True)) if count]
+        return partial(_grouped, self._nccl, parts)
+
+    def _reducescatterv(self, comm: Any, send: "_Buffer", recv: "_Buffer",
+                        counts: tuple[int, ...], dt: int) -> BoundCall:
+        """As vLLM's PyNcclCommunicator.reduce_scatterv: in one NCCL group, one ncclReduce
+        per rank, rank r the root of part r of the input (the output is written at the
+        root only)."""
+        s, size, total = self.stream.ptr, send.array.itemsize, self._nccl.NCCL_SUM
+        parts = [partial(comm.reduce, send.ptr + at * size, recv.ptr, count, dt, total,
+                         root, s)
+                 for root, (count, at) in enumerate(zip(counts, displacements(counts),
+                                                        strict=True)) if count]
         return partial(_grouped, self._nccl, parts)
 
     # --- --check, synchronisation, results ---

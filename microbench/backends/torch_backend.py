@@ -57,10 +57,18 @@ class TorchBackend:
         return torch.zeros(numel, dtype=TORCH_DTYPES[dtype], device=self._torch_device)
 
     def bind(self, kind: str, group: Group, send: Any, recv: Any,
-             peer_or_root: int | None) -> BoundCall:
+             peer_or_root: int | None, counts: tuple[int, ...] | None = None) -> BoundCall:
         pg = group.handle
         other = group.ranks[peer_or_root] if peer_or_root is not None else None
         match kind:
+            case "allgather" if counts is not None:
+                parts = list(recv.split(list(counts)))
+                if self.transport == "gloo":  # gloo's allgather refuses unequal parts
+                    return partial(_allgatherv_by_broadcasts, send, parts, group)
+                return partial(dist.all_gather, parts, send, group=pg)
+            case "reducescatter" if counts is not None:
+                return partial(dist.reduce_scatter, recv, list(send.split(list(counts))),
+                               group=pg)
             case "allreduce":
                 return partial(dist.all_reduce, send, group=pg)
             case "allgather":
@@ -109,3 +117,12 @@ class TorchBackend:
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _allgatherv_by_broadcasts(send: torch.Tensor, parts: list[torch.Tensor],
+                              group: Group) -> None:
+    """An uneven all-gather as vLLM's PyNcclCommunicator.all_gatherv issues it: one broadcast
+    per rank of the group, each rank the root of its own part."""
+    parts[group.index].copy_(send)
+    for root, part in enumerate(parts):
+        dist.broadcast(part, src=group.ranks[root], group=group.handle)

@@ -40,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(steps_text(pattern) if args.steps else pattern_table(pattern))
     summary = {"engine": pattern.engine, "model": pattern.model.name,
-               "tp": pattern.layout.tp, "pp": pattern.layout.pp,
+               "tp": pattern.layout.tp, "pp": pattern.layout.pp, "dp": pattern.layout.dp,
+               "ep": pattern.layout.ep,
                "calls_per_inference": calls_per_inference(pattern),
                "volume_bytes": as_number(volume_bytes(pattern)["total"])}
     print(json.dumps(summary, separators=(",", ":")))

@@ -132,7 +132,9 @@ def run(args: argparse.Namespace) -> int:
                          "the sweep has no rows across nodes; pass --sweep-inter SWEEP_RUN")
 
     def make_pattern(layout: Any) -> Any:
-        return pattern_from_args(argparse.Namespace(**vars(args), tp=layout.tp, pp=layout.pp))
+        return pattern_from_args(argparse.Namespace(**vars(args), tp=layout.tp, pp=layout.pp,
+                                                    dp=layout.dp, ep=layout.ep,
+                                                    dp_batches=None))
 
     priced, refused = plan(model, args.gpus, make_pattern, topology, budget)
     notes = sorted({n for p in priced for n in p.notes})

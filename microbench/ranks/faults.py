@@ -4,6 +4,7 @@ INFERCOMM_FAULT (unset in real runs) names one:
   kill:RANK:STEP     rank RANK kills itself (SIGKILL) during its STEP-th step
   hang:RANK:STEP     rank RANK stops issuing calls during its STEP-th step
   corrupt:RANK       rank RANK adds 1 to the first element of every input it fills in --check
+  corrupt:RANK:TEXT  the same, only for the calls whose tag contains TEXT (e.g. dispatch)
   stall:RANK         rank RANK blocks in a C call that holds the GIL before opening its backend,
                      as MPI_Init does when a peer aborted (only the sentinel can end it)
 Nothing is added to the replay path when it is unset.
@@ -24,9 +25,12 @@ def _spec(rank: int) -> list[str] | None:
     return parts
 
 
-def corrupts_inputs(rank: int) -> bool:
+def corrupts_inputs(rank: int, tag: str = "") -> bool:
     spec = _spec(rank)
-    return spec is not None and spec[0] == "corrupt"
+    if spec is None or spec[0] != "corrupt":
+        return False
+    text = ":".join(spec[2:])
+    return text in tag
 
 
 def step_fault(rank: int) -> tuple[int, Callable[[], None]] | None:

@@ -2,7 +2,10 @@
 
 Inputs are small integers that depend on the rank's place in its group, so every dtype
 (bf16 included) holds them and their sums exactly: element i of rank g's input is
-(i mod 7) + g + 1 (at most 6 + 8 + 1 = 15; a sum over 8 ranks stays under 256).
+(i mod 7) + g + 1 (at most 6 + 8 + 1 = 15; a sum over 8 ranks stays under 256). Uneven
+all-gathers and reduce-scatters (`Op.counts`) are checked part by part. Groups of more than
+8 ranks hold larger sums: bf16 keeps integers exact up to 256, so keep --check of bf16
+reductions to groups of at most 8 (an EP group of 16 holds sums up to 16 * 23 = 368).
 """
 
 from collections.abc import Callable
@@ -38,6 +41,16 @@ def verify(op: BoundOp, write: Callable, read: Callable, corrupt: bool) -> int:
             base = _base(op.op.numel)
             fill(send, base + g + 1)
             expected, target = _group_sum(base, n), send
+        case "allgather" if op.op.counts is not None:
+            counts = op.op.counts
+            fill(send, _base(counts[g]) + g)
+            write(recv, np.zeros(sum(counts)))
+            expected = np.concatenate([_base(c) + j for j, c in enumerate(counts)])
+        case "reducescatter" if op.op.counts is not None:
+            counts, total = op.op.counts, sum(op.op.counts)
+            fill(send, _base(total) + g + 1)
+            start = sum(counts[:g])
+            expected = _group_sum(_base(total), n)[start:start + counts[g]]
         case "allgather" | "gather":
             base = _base(op.op.numel)
             fill(send, base + g)

@@ -24,7 +24,7 @@ def _ops_rows(pattern: Pattern, ranks: list[RankSamples]) -> list[dict[str, Any]
     for samples in ranks:
         calls = []
         step = 0
-        for run in pattern.stages[samples.stage]:
+        for run in pattern.runs_of_rank(samples.rank):
             for _ in range(run.repeat):
                 calls += [(run.phase.value, step, index, op)
                           for index, op in enumerate(run.step.ops)]
@@ -57,6 +57,7 @@ def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.
         "world_size": backend.world_size, "hosts": hosts,
         "model": pattern.model.name, "engine": pattern.engine,
         "tp": pattern.layout.tp, "pp": pattern.layout.pp,
+        "dp": pattern.layout.dp, "ep": pattern.layout.ep,
         "prompt": pattern.workload.prompt, "decode": pattern.workload.decode,
         "batch": pattern.workload.batch, "dtype": pattern.workload.dtype,
         "iterations": args.iters, "warmup": args.warmup, "timing": args.timing,
@@ -85,9 +86,9 @@ def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.
     summary["results_dir"] = str(folder)
     print(replay_table(summary, header_title(pattern)))
     last_keys = ["backend", "transport", "device", "world_size", "model", "engine", "tp", "pp",
-                 "prompt", "decode", "batch", "dtype", "iterations", "timing", "prefill_us",
-                 "decode_step_us", "decode_step_p99_us", "e2e_us", "calls_per_inference",
-                 "wrong", "results_dir"]
+                 "dp", "ep", "prompt", "decode", "batch", "dtype", "iterations", "timing",
+                 "prefill_us", "decode_step_us", "decode_step_p99_us", "e2e_us",
+                 "calls_per_inference", "wrong", "results_dir"]
     summary["last_line"] = {k: summary[k] for k in last_keys}
     return summary
 
@@ -101,7 +102,8 @@ def _engine_transports(pattern: Pattern) -> dict[str, int]:
 
 def default_label(pattern: Pattern, backend: str) -> str:
     lay = pattern.layout
-    return f"replay-{pattern.model.name.split('/')[-1]}-tp{lay.tp}pp{lay.pp}-{backend}"
+    dp = (f"dp{lay.dp}" if lay.dp > 1 else "") + ("ep" if lay.ep else "")
+    return f"replay-{pattern.model.name.split('/')[-1]}-tp{lay.tp}pp{lay.pp}{dp}-{backend}"
 
 
 def header_title(pattern: Pattern) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 
 from microbench.backends import Backend, BoundCall, Group
 from patterns import Op, OpKind, Pattern, Phase
+from patterns.groups import GROUP_KINDS, group_size, groups
 
 
 @dataclass
@@ -61,31 +62,25 @@ class Plan:
 
 
 def make_groups(pattern: Pattern, backend: Backend) -> dict[str, Group]:
-    """This rank's TP and PP groups (created on every rank for every stage / TP index).
+    """This rank's group of every kind the pattern's ops name (tp, pp, dp, ep).
 
-    `pp_broadcast` (vLLM Model Runner V2's own NCCL group for its per-step broadcasts) has
-    the ranks of `pp`; it gets its own communicators, as in the engine, only when used.
+    Every rank creates every group of those kinds, in `patterns.groups` order, as
+    torch.distributed requires; the ranks of each come from `patterns.groups` alone.
     """
     layout = pattern.layout
-    stage, tp_rank = layout.stage_of(backend.rank), layout.tp_rank_of(backend.rank)
+    used = {op.group for replica in pattern.replicas() for runs in replica for run in runs
+            for op in run.step.ops}
+    unknown = used - set(GROUP_KINDS)
+    if unknown:
+        raise ValueError(f"ops name groups {sorted(unknown)}; the replay knows {GROUP_KINDS}")
     mine: dict[str, Group] = {}
-    if layout.tp > 1:
-        for s in range(layout.pp):
-            group = backend.new_group(f"tp{s}", [layout.rank_of(s, t) for t in range(layout.tp)])
-            if s == stage:
-                mine["tp"] = group
-    if layout.pp > 1:
-        for t in range(layout.tp):
-            group = backend.new_group(f"pp{t}", [layout.rank_of(s, t) for s in range(layout.pp)])
-            if t == tp_rank:
-                mine["pp"] = group
-        used = {op.group for runs in pattern.stages for run in runs for op in run.step.ops}
-        if "pp_broadcast" in used:
-            for t in range(layout.tp):
-                group = backend.new_group(f"pp_broadcast{t}",
-                                          [layout.rank_of(s, t) for s in range(layout.pp)])
-                if t == tp_rank:
-                    mine["pp_broadcast"] = group
+    for kind in GROUP_KINDS:
+        if kind not in used or group_size(layout, kind) < 2:
+            continue
+        for i, ranks in enumerate(groups(layout, kind)):
+            group = backend.new_group(f"{kind}{i}", list(ranks))
+            if backend.rank in ranks:
+                mine[kind] = group
     return mine
 
 
@@ -97,7 +92,7 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def build_plan(pattern: Pattern, backend: Backend) -> Plan:
-    groups = make_groups(pattern, backend)
+    mine = make_groups(pattern, backend)
     stage = pattern.layout.stage_of(backend.rank)
     buffers: dict[tuple[str, int, str], Any] = {}
 
@@ -112,7 +107,7 @@ def build_plan(pattern: Pattern, backend: Backend) -> Plan:
     def bind(op: Op) -> BoundOp:
         if op in bound:
             return bound[op]
-        group = groups[op.group]
+        group = mine[op.group]
         send = recv = None
         match op.kind:
             case OpKind.ALLREDUCE | OpKind.BROADCAST:
@@ -129,12 +124,14 @@ def build_plan(pattern: Pattern, backend: Backend) -> Plan:
                 send = buffer("in", op.shape, op.dtype)
                 recv = buffer("out", op.out_shape, op.dtype)
         target = op.peer if op.peer is not None else op.root
-        call = backend.bind(op.kind.value, group, send, recv, target)
+        call = (backend.bind(op.kind.value, group, send, recv, target, op.counts)
+                if op.counts is not None else
+                backend.bind(op.kind.value, group, send, recv, target))
         bound[op] = BoundOp(op, group, send, recv, call)
         return bound[op]
 
     runs = []
-    for run in pattern.stages[stage]:
+    for run in pattern.runs_of_rank(backend.rank):
         ops = [bind(op) for op in run.step.ops]
         runs.append(BoundRun(run.phase, run.repeat, ops, [b.call for b in ops]))
     return Plan(backend.rank, stage, runs, buffers)

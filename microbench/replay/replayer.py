@@ -121,12 +121,15 @@ class Replayer:
         """Issue one inference with known data; count the wrong elements on this rank."""
         self.watchdog.where = "--check inference"
         self.backend.barrier()
-        corrupt = faults.corrupts_inputs(self.backend.rank)
+        rank = self.backend.rank
+        corrupt = {op.op.tag: faults.corrupts_inputs(rank, op.op.tag)
+                   for run in self.plan.runs for op in run.ops}
         wrong = 0
         for run in self.plan.runs:
             for _ in range(run.repeat):
                 for op in run.ops:
-                    wrong += check.verify(op, self.backend.write, self.backend.read, corrupt)
+                    wrong += check.verify(op, self.backend.write, self.backend.read,
+                                          corrupt[op.op.tag])
                 self.watchdog.steps += 1
         self.backend.synchronize()
         return wrong

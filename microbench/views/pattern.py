@@ -6,8 +6,9 @@ from dataclasses import asdict
 from typing import Any
 
 from microbench.views.textfmt import format_bytes, render_table
-from patterns import Op, Pattern, Phase, pattern_rows, volume_bytes
-from patterns.summary import transport_split
+from patterns import Op, Pattern, Phase, pattern_rows, volume_by_group, volume_bytes
+from patterns.moe import notes
+from patterns.summary import moe_layer_rows, transport_split
 from patterns.volume import as_number
 
 
@@ -24,25 +25,14 @@ def pattern_header(pattern: Pattern) -> dict[str, Any]:
                   "num_attention_heads": m.num_attention_heads,
                   "num_key_value_heads": m.num_key_value_heads,
                   "num_local_experts": m.num_local_experts, "source": m.source},
-        "layout": {"tp": lay.tp, "pp": lay.pp, "world_size": lay.world_size},
+        "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "ep": lay.ep,
+                   "world_size": lay.world_size},
         "workload": {"prompt": w.prompt, "decode": w.decode, "batch": w.batch,
+                     "dp_batches": list(w.dp_batches) if w.dp_batches else None,
                      "dtype": w.dtype, "decode_steps": w.decode_steps},
         "engine": {"name": pattern.engine, **asdict(pattern.options)},
         "notes": pattern_notes(pattern),
     }
-
-
-def pattern_notes(pattern: Pattern) -> list[str]:
-    """What a reader must not take the pattern for: said in every header."""
-    notes = []
-    m = pattern.model
-    if m.is_moe:
-        notes.append(
-            f"{m.name} is a MoE model ({m.num_local_experts} experts, {len(m.moe_layers or ())}"
-            f" MoE layers): modelled without expert parallelism, experts replicated over TP "
-            "(one all-reduce per MoE layer); expert parallelism is the subject of its own "
-            "issue")
-    return notes
 
 
 def calls_per_inference(pattern: Pattern) -> int:
@@ -58,6 +48,11 @@ def pattern_document(pattern: Pattern, with_steps: bool = False) -> dict[str, An
         for row in pattern_rows(pattern)
     ]
     doc["volume_bytes"] = {k: as_number(v) for k, v in volume_bytes(pattern).items()}
+    doc["volume_by_group"] = {k: as_number(v) for k, v in volume_by_group(pattern).items()}
+    doc["notes"] = pattern_notes(pattern)
+    if pattern.model.is_moe:
+        doc["moe_layers"] = [{**asdict(row), "phase": row.phase.value}
+                             for row in moe_layer_rows(pattern)]
     doc["calls_per_inference"] = calls_per_inference(pattern)
     if with_steps:
         doc["steps"] = [
@@ -98,9 +93,37 @@ def pattern_csv(pattern: Pattern) -> str:
 
 def title(pattern: Pattern) -> str:
     m, lay, w = pattern.model, pattern.layout, pattern.workload
+    dp = f" dp={lay.dp}" if lay.dp > 1 else ""
+    ep = f" ep={lay.ep_size}" if lay.ep else ""
+    batch = (f"dp-batches={','.join(map(str, w.dp_batches))}" if w.dp_batches
+             else f"batch={w.batch}" + (" per DP rank" if lay.dp > 1 else ""))
     return (f"{pattern.engine} | {m.name} (h={m.hidden_size}, L={m.num_hidden_layers}, "
-            f"V={m.vocab_size}) | tp={lay.tp} pp={lay.pp} ({lay.world_size} ranks) | "
-            f"prompt={w.prompt} decode={w.decode} batch={w.batch} {w.dtype}")
+            f"V={m.vocab_size}) | tp={lay.tp} pp={lay.pp}{dp}{ep} ({lay.world_size} ranks) | "
+            f"prompt={w.prompt} decode={w.decode} {batch} {w.dtype}")
+
+
+def pattern_notes(pattern: Pattern) -> list[str]:
+    """What the table alone would not say: replicas, experts without EP, uneven DP ranks."""
+    said = notes(pattern.model, pattern.layout, pattern.engine)
+    if any(replica != pattern.dp_stages[0] for replica in pattern.dp_stages[1:]):
+        said.append("DP ranks issue different shapes (--dp-batches): the rows are DP rank "
+                    "0's; the volume counts every rank's calls")
+    return said
+
+
+def moe_table(pattern: Pattern) -> str:
+    """Per phase and layer kind, one layer's dispatch, combine and other calls (first step
+    of the phase, a rank of DP rank 0)."""
+    rows = [[row.phase.value, row.kind, str(row.layers), str(row.tokens),
+             str(row.dispatch_calls), format_bytes(row.dispatch_bytes),
+             str(row.combine_calls), format_bytes(row.combine_bytes),
+             str(row.other_calls), format_bytes(row.other_bytes)]
+            for row in moe_layer_rows(pattern)]
+    if not rows:
+        return ""
+    header = ["phase", "layer", "layers", "T", "dispatch", "dispatch bytes", "combine",
+              "combine bytes", "other", "other bytes"]
+    return render_table(header, rows, right_align=set(header) - {"phase", "layer"})
 
 
 def pattern_table(pattern: Pattern) -> str:
@@ -115,9 +138,12 @@ def pattern_table(pattern: Pattern) -> str:
     parts = [f"{kind} {format_bytes(float(v))}" for kind, v in volume.items()
              if v and kind not in ("p2p", "total")]
     prefill_steps = sum(r.repeat for r in pattern.stages[0] if r.phase == Phase.PREFILL)
+    by_group = volume_by_group(pattern)
+    group_parts = [f"{group} {format_bytes(float(v))}" for group, v in by_group.items() if v]
+    moe = moe_table(pattern)
     lines = [
         title(pattern),
-        *(f"note: {note}" for note in pattern_notes(pattern)),
+        *[f"note: {note}" for note in pattern_notes(pattern)],
         f"steps per inference: {prefill_steps} prefill + {pattern.workload.decode_steps} "
         "decode; calls per inference on the busiest rank: "
         f"{calls_per_inference(pattern):,}",
@@ -130,6 +156,10 @@ def pattern_table(pattern: Pattern) -> str:
         + (", ".join(parts) if parts else "none (one rank)")
         + f"; total {format_bytes(float(volume['total']))}",
     ]
+    if len(by_group) > 1 or any(g != "tp" for g in by_group):
+        lines.append("volume by group: " + (", ".join(group_parts) or "none"))
+    if moe:
+        lines += ["", "per layer, first step of each phase (bytes: one rank's inputs):", moe]
     return "\n".join(lines)
 
 

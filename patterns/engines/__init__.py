@@ -20,6 +20,7 @@ OPTION_FLAGS: dict[str, str] = {
     "model_runner": "--model-runner",
     "sp": "--sp",
     "max_num_seqs": "--max-num-seqs",
+    "a2a": "--a2a",
 }
 
 
@@ -63,6 +64,23 @@ def _check_options(info: EngineInfo, options: EngineOptions) -> None:
                               f"{', '.join(readers) or 'no engine'}")
 
 
+# Profiles that model MoE token exchange between DP ranks and per-DP-rank batches
+# (patterns/moe.py); every other one models dp > 1 only as replicas of a dense model.
+DP_ENGINES = frozenset({"vllm", "sglang"})
+
+
+def _check_data_parallel(engine: str, model: ModelConfig, layout: Layout,
+                         workload: Workload) -> None:
+    """Never a silent TP-only answer to an expert-parallel question."""
+    if engine in DP_ENGINES:
+        return
+    if layout.ep or (layout.dp > 1 and model.is_moe) or workload.dp_batches is not None:
+        what = ("--ep" if layout.ep else "--dp-batches" if workload.dp_batches is not None
+                else f"dp({layout.dp}) with the MoE model {model.name}")
+        raise ConfigError(f"engine {engine} does not model {what}; use --engine "
+                          f"{' or '.join(sorted(DP_ENGINES))}")
+
+
 def generate(engine: str, model: ModelConfig, layout: Layout, workload: Workload,
              options: EngineOptions | None = None) -> Pattern:
     """The pattern `engine` issues for this model, layout and workload."""
@@ -70,6 +88,13 @@ def generate(engine: str, model: ModelConfig, layout: Layout, workload: Workload
     if profile is None:
         raise ConfigError(f"unknown engine {engine!r}; use one of {', '.join(sorted(ENGINES))}")
     layout.check_model(model)
+    layout.check_workload(workload)
+    _check_data_parallel(engine, model, layout, workload)
+    if options is not None and options.a2a != "allgather_reducescatter" and not (
+            layout.ep and layout.dp > 1 and model.is_moe):
+        raise ConfigError(f"a2a {options.a2a} exchanges a MoE model's tokens between DP ranks: "
+                          f"it needs --dp N (N > 1) and --ep (here dp({layout.dp}), ep "
+                          f"{layout.ep}, {model.name})")
     if workload.dtype is None:
         workload = replace(workload, dtype=model.default_dtype)
     options = options or EngineOptions()

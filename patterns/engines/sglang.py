@@ -26,14 +26,22 @@ Code read: modal-projects/sglang @ 8905cbd4 (upstream main of 2026-07-20, about 
 - `managers/scheduler.py: recv_requests`: `broadcast_pyobj` over the TP gloo group each
   scheduler loop (the size tensor; `--control-plane`).
 Transports: `patterns/transports.py` (custom all-reduce V2, FlashInfer fusion).
+DP attention with expert parallelism (`--dp N --ep`, a MoE model): `patterns/moe.py`
+(`layers/dp_attention.py` @ 14573efd, MLPSyncBatchInfo), hooked in `_dp_attention`; `--dp`
+without `--ep` is SGLang's DP router: independent replicas.
 """
 
+from dataclasses import replace
+
+from patterns.dp_steps import SGLANG_IDLE_STEP, RankStep, align_dp_runs, build_replicas
 from patterns.dtypes import dtype_bytes
 from patterns.engines import EngineInfo, register
 from patterns.engines.stage import Stage, merge, pad_to, run, stages
 from patterns.engines.vllm import pp_slice
+from patterns.errors import ConfigError
 from patterns.layout import Layout, Workload
 from patterns.models import ModelConfig, mlp_module
+from patterns.moe import sglang_dp_layer, sglang_dp_logits, sglang_mlp_sync, sglang_step_tokens
 from patterns.ops import Op, OpKind, Phase, Transport
 from patterns.pattern import EngineOptions, Pattern, Run
 from patterns.transports import sglang_allreduce, sglang_logits_allgather
@@ -44,9 +52,10 @@ INFO = EngineInfo(
     engine="SGLang",
     version="0.5.x (main of 2026-07-20, about 0.5.15)",
     source="sgl-project/sglang main 2026-07-20 = modal-projects/sglang @ 8905cbd4",
-    options=("eager", "max_batched_tokens", "control_plane", "gpu", "nccl_only"),
+    options=("eager", "max_batched_tokens", "control_plane", "gpu", "nccl_only", "a2a"),
     not_modelled=(
-        "DP attention and expert parallelism (its own issue); MoE experts replicated over TP",
+        "DP attention at pp > 1; its prefill CUDA graphs, two-batch overlap, "
+        "SGLANG_DP_USE_GATHERV, enable_dp_lm_head (patterns/moe.py lists them)",
         "the pickled request payload of broadcast_pyobj and PP's point_to_point_pyobj",
         "sampling all-reduce (SYNC_TOKEN_IDS_ACROSS_TP or grammars)",
         "--max-running-requests (the multimem logits all-gather is taken up to 128 rows)",
@@ -150,11 +159,65 @@ def _stage_runs(st: Stage, options: EngineOptions) -> list[Run]:
     return merge(runs)
 
 
+def _dp_attention(model: ModelConfig, layout: Layout, workload: Workload,
+                  options: EngineOptions) -> tuple[tuple[tuple[Run, ...], ...], ...]:
+    """A MoE model at dp > 1 runs DP attention (`--enable-dp-attention`, SGLang's --tp is
+    dp x tp here): every DP rank's runs, the ranks stepping together with idle batches
+    (`patterns.dp_steps`). Per step the MLPSyncBatchInfo all-gather; per layer (dense
+    layers too: FULL MLP mode) the DP gather and scatter of `patterns.moe.sglang_dp_layer`,
+    or DeepEP all-to-all for MoE layers with `--a2a alltoall`; the logits of
+    `sglang_dp_logits`. Extend steps run eager here."""
+    if layout.pp > 1:
+        raise ConfigError(f"sglang with dp({layout.dp}) models DP attention at pp 1 only; "
+                          "use --pp 1")
+    budget = options.max_batched_tokens or chunked_prefill_size(options.gpu)
+    sizes = [] if options.eager else decode_graph_sizes(layout.dp * layout.tp, options.gpu)
+
+    def graph(tokens: int) -> int | None:
+        return pad_to(sizes, tokens) if sizes and tokens <= sizes[-1] else None
+
+    per_rank = []
+    for d in range(layout.dp):
+        batch = workload.batch_of(d)
+        own = [(RankStep(Phase.PREFILL, chunk.tokens, chunk.seqs), 1)
+               for chunk in prefill_chunks(batch, workload.prompt, budget)]
+        if workload.decode_steps:
+            own.append((RankStep(Phase.DECODE, batch, batch), workload.decode_steps))
+        per_rank.append(own)
+    vocab = padded_vocab(model.vocab_size)
+    dtype = workload.dtype or model.default_dtype
+
+    def ops_of(d: int, stage: int, steps: tuple[RankStep, ...],
+               tokens: tuple[int, ...]) -> list[Op]:
+        _, mode = sglang_step_tokens(steps, graph)
+        ops = sglang_mlp_sync(layout)
+        for layer in range(model.num_hidden_layers):
+            top_k = model.num_experts_per_tok if model.is_moe_layer(layer) else None
+            ops += sglang_dp_layer(f"layers.{layer}", layout, tokens, d, model.hidden_size,
+                                   dtype, mode, top_k, options.a2a)
+        rows = tuple(s.rows for s in steps)
+        return ops + sglang_dp_logits(layout, rows, d, model.hidden_size, vocab, dtype, mode)
+
+    return build_replicas(align_dp_runs(per_rank, SGLANG_IDLE_STEP), 1,
+                          lambda steps: sglang_step_tokens(steps, graph)[0], ops_of)
+
+
 @register(INFO)
 def sglang(model: ModelConfig, layout: Layout, workload: Workload,
            options: EngineOptions) -> Pattern:
+    # --dp N --ep is DP attention (--enable-dp-attention); --dp alone is SGLang's DP router:
+    # independent replicas, MoE or not.
+    if layout.dp > 1 and model.is_moe and layout.ep:
+        replicas = _dp_attention(model, layout, workload, options)
+        return Pattern(engine=INFO.name, model=model, layout=layout, workload=workload,
+                       options=options, stages=replicas[0], dp_stages=replicas)
     counts = stage_layer_counts(model.num_hidden_layers, layout.pp)
-    runs = [tuple(_stage_runs(st, options))
-            for st in stages(model, layout, workload, options, counts)]
+    # Replicas at dp > 1 (SGLang's DP router), each with its own batch.
+    batches = [workload.batch_of(d) for d in range(layout.dp)]
+    replicas = tuple(
+        tuple(tuple(_stage_runs(st, options)) for st in stages(
+            model, layout, replace(workload, batch=b, dp_batches=None), options, counts))
+        for b in (batches if workload.dp_batches else batches[:1]))
     return Pattern(engine=INFO.name, model=model, layout=layout, workload=workload,
-                   options=options, stages=tuple(runs))
+                   options=options, stages=replicas[0],
+                   dp_stages=replicas if workload.dp_batches else ())

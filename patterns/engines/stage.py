@@ -19,6 +19,10 @@ class Stage:
     index: int
     first_layer: int
     num_layers: int
+    # With data parallelism (patterns/dp_steps.py): this rank's DP rank and every DP rank's
+    # tokens in the current step, which MoE layers exchange.
+    dp_rank: int = 0
+    dp_tokens: tuple[int, ...] = ()
 
     @property
     def tp(self) -> int:

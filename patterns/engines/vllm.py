@@ -35,16 +35,22 @@ Code read: vLLM upstream main of 2026-08-03 as modal-projects/vllm @ c8109375 (a
   (`_is_default_v2_model_runner_model`, #44443 `a2f71300`). Model Runner V1 with async
   scheduling (`v1/worker/gpu_model_runner.py:4582-4590, 4822-4837`): sampled ids [R, 1]
   int32 on the PP group, skipped when every request is a partial prefill.
+- MoE with data parallelism (`--dp N`, `--ep`): the rules and their sources are in
+  `patterns/moe.py` (all2all.py AgRsAll2AllManager, fused_moe/config.py, dp_utils.py), the
+  DP ranks' steps lined up and padded in `patterns/dp_steps.py`; hooked in `moe_layer_ops`
+  and `_dp_replicas`. A dense model at dp > 1 is independent replicas.
 """
 
 from dataclasses import replace
 
+from patterns.dp_steps import RankStep, align_dp_runs, build_replicas, dp_padded_tokens
 from patterns.dtypes import dtype_bytes
 from patterns.engines import EngineInfo, register
 from patterns.engines.stage import Stage, merge, pad_to, run, stages
 from patterns.errors import ConfigError
 from patterns.layout import Layout, Workload
 from patterns.models import ModelConfig, mlp_module
+from patterns.moe import exchanges_tokens, vllm_dp_coordination, vllm_moe_layer
 from patterns.ops import Op, OpKind, Phase
 from patterns.pattern import EngineOptions, Pattern, Run
 from patterns.transports import vllm_allreduce
@@ -64,9 +70,10 @@ INFO = EngineInfo(
            "vllm-project/vllm @ 00d618aa (all_reduce_utils.py), @ 0052812d "
            "(allreduce_rms_fusion.py)",
     options=("eager", "max_batched_tokens", "gpu", "nccl_only", "model_runner",
-             "max_num_seqs"),
+             "max_num_seqs", "a2a"),
     not_modelled=(
-        "expert parallelism and DP (its own issue); MoE experts are replicated over TP",
+        "MoE at dp > 1: fp8 dispatch, DBO micro-batching, EPLB, the engine core's gloo "
+        "all-reduce every 32 steps (patterns/moe.py lists them)",
         "decodes of early-finished prompts mixed into later prefill chunks",
         "gloo send_object of PP metadata; the shared-memory SchedulerOutput broadcast",
         "sequence parallelism / AsyncTP (off for dense models by default)",
@@ -93,24 +100,33 @@ def _allreduce(st: Stage, tokens: int, tag: str, feeds_rmsnorm: bool = True) -> 
 
 
 def moe_layer_ops(st: Stage, layer: int, tokens: int, feeds_rmsnorm: bool) -> list[Op]:
-    """The calls of one MoE layer's experts without expert parallelism.
+    """The calls of one MoE layer's experts.
 
-    Experts are replicated over TP (each rank holds a 1/tp slice of every expert) and tokens
-    are not moved: the routed and shared experts' summed output is all-reduced once
-    (`moe_runner._maybe_reduce_final_output`). Expert parallelism (dispatch / combine)
-    hooks in here.
+    At dp 1 experts are replicated over TP (each rank holds a 1/tp slice of every expert, or
+    with --ep whole experts of the TP group) and tokens are not moved: the routed and shared
+    experts' summed output is all-reduced once (`moe_runner._maybe_reduce_final_output`).
+    At dp > 1 the DP ranks exchange tokens: dispatch and combine, `patterns.moe.
+    vllm_moe_layer` (all2all.py AgRsAll2AllManager, or `--a2a alltoall`); the TP all-reduce
+    left there (no --ep, tp > 1) goes through the same transport chain as any other.
     """
-    return [_allreduce(st, tokens, f"layers.{layer}.{mlp_module(st.model, layer)}",
-                       feeds_rmsnorm)]
+    prefix = f"layers.{layer}.{mlp_module(st.model, layer)}"
+    if not exchanges_tokens(st.layout):
+        return [_allreduce(st, tokens, prefix, feeds_rmsnorm)]
+    ops = vllm_moe_layer(prefix, st.layout, st.dp_tokens, st.dp_rank, st.h,
+                         st.model.num_experts_per_tok, st.dtype, st.options.a2a)
+    return [_allreduce(st, tokens, op.tag, feeds_rmsnorm)
+            if op.kind == OpKind.ALLREDUCE and op.group == "tp" else op for op in ops]
 
 
 def _layer_ops(st: Stage, layer: int, tokens: int) -> list[Op]:
     # The last layer of a stage that hands its output to the next stage feeds no RMSNorm,
     # so the fusion pass cannot take its second all-reduce.
     feeds_rmsnorm = st.is_last or layer != st.layers[-1]
-    ops = [_allreduce(st, tokens, f"layers.{layer}.self_attn.o_proj")]
+    ops = [_allreduce(st, tokens, f"layers.{layer}.self_attn.o_proj")] if st.tp > 1 else []
     if st.model.is_moe_layer(layer):
         return ops + moe_layer_ops(st, layer, tokens, feeds_rmsnorm)
+    if st.tp == 1:  # a dense layer (DeepSeek's first 3) issues nothing at tp 1
+        return ops
     tag = f"layers.{layer}.{mlp_module(st.model, layer)}"
     return [*ops, _allreduce(st, tokens, tag, feeds_rmsnorm)]
 
@@ -134,9 +150,9 @@ def forward(st: Stage, tokens: int, rows: int, vocab_multiple: int = 64) -> list
             if gathered:
                 ops.append(st.tp_op(OpKind.ALLGATHER, shape, (tokens, st.h),
                                     f"pp.{key}.allgather"))
-    if st.tp > 1:
-        if st.is_first:
-            ops.append(_allreduce(st, tokens, "embed_tokens"))
+    if st.tp > 1 and st.is_first:
+        ops.append(_allreduce(st, tokens, "embed_tokens"))
+    if st.tp > 1 or exchanges_tokens(st.layout):  # MoE layers exchange tokens at dp > 1
         for layer in st.layers:
             ops += _layer_ops(st, layer, tokens)
     if not st.is_last:
@@ -210,18 +226,71 @@ def _check_kv_heads(model: ModelConfig, tp: int) -> None:
                       f"{', '.join(map(str, allowed))}")
 
 
+def _own_steps(workload: Workload, dp_rank: int, budget: int) -> list[tuple[RankStep, int]]:
+    """One DP rank's own steps: its prefill chunks, then its decode steps."""
+    batch = workload.batch_of(dp_rank)
+    own = [(RankStep(Phase.PREFILL, chunk.tokens, chunk.seqs), 1)
+           for chunk in prefill_chunks(batch, workload.prompt, budget)]
+    if workload.decode_steps:
+        own.append((RankStep(Phase.DECODE, batch, batch), workload.decode_steps))
+    return own
+
+
+def _dp_replicas(model: ModelConfig, layout: Layout, workload: Workload,
+                 options: EngineOptions, runner: str) -> tuple[tuple[tuple[Run, ...], ...], ...]:
+    """A MoE model at dp > 1: every DP rank's runs, the ranks stepping together
+    (`patterns.dp_steps`): the per-step coordination all-reduce on the DP gloo group
+    (`v1/worker/dp_utils.py`), DP padding, dummy steps on a rank that has finished, and the
+    dispatch / combine of every MoE layer. PP broadcasts take every step as sampling."""
+    default_seqs, default_budget = v1_defaults(options.gpu)
+    max_seqs = options.max_num_seqs or default_seqs
+    budget = options.max_batched_tokens or default_budget
+    sizes = [] if options.eager else v1_capture_sizes(max_seqs, budget)
+
+    def graph(tokens: int) -> int | None:
+        return pad_to(sizes, tokens) if sizes and tokens <= sizes[-1] else None
+
+    per_rank = [_own_steps(workload, d, budget) for d in range(layout.dp)]
+    sts = stages(model, layout, workload, options,
+                 stage_layer_counts(model.num_hidden_layers, layout.pp))
+
+    def tokens_of(steps: tuple[RankStep, ...]) -> tuple[int, ...]:
+        return dp_padded_tokens([s.tokens for s in steps], graph)
+
+    def ops_of(d: int, stage: int, steps: tuple[RankStep, ...],
+               tokens: tuple[int, ...]) -> list[Op]:
+        st = replace(sts[stage], dp_rank=d, dp_tokens=tokens)
+        rows = steps[d].rows
+        ops = (vllm_dp_coordination(layout, runner) + forward(st, tokens[d], rows)
+               + pp_broadcasts(st, rows, rows > 0, True, runner))
+        # A dummy step samples nothing: no logits call.
+        return [op for op in ops if not (op.tag == "logits" and rows == 0)]
+
+    return build_replicas(align_dp_runs(per_rank), layout.pp, tokens_of, ops_of)
+
+
 @register(INFO)
 def vllm_v1(model: ModelConfig, layout: Layout, workload: Workload,
             options: EngineOptions) -> Pattern:
     max_seqs = options.max_num_seqs or v1_defaults(options.gpu)[0]
-    if workload.batch > max_seqs:
-        raise ConfigError(f"batch({workload.batch}) exceeds max-num-seqs({max_seqs}): vLLM "
+    largest = max(workload.batch_of(d) for d in range(layout.dp))
+    if largest > max_seqs:
+        raise ConfigError(f"batch({largest}) exceeds max-num-seqs({max_seqs}): vLLM "
                           "would not run it as one batch; use batch <= max-num-seqs")
     _check_kv_heads(model, layout.tp)
     runner = options.model_runner or default_model_runner(model)
     options = replace(options, model_runner=runner)
     counts = stage_layer_counts(model.num_hidden_layers, layout.pp)
-    runs = [tuple(_stage_runs(st, options, runner))
-            for st in stages(model, layout, workload, options, counts)]
+    if layout.dp > 1 and model.is_moe:
+        replicas = _dp_replicas(model, layout, workload, options, runner)
+        return Pattern(engine=INFO.name, model=model, layout=layout, workload=workload,
+                       options=options, stages=replicas[0], dp_stages=replicas)
+    # Dense at dp > 1: independent replicas (engine spec 10.3), each with its own batch.
+    batches = [workload.batch_of(d) for d in range(layout.dp)]
+    replicas = tuple(
+        tuple(tuple(_stage_runs(st, options, runner)) for st in stages(
+            model, layout, replace(workload, batch=b, dp_batches=None), options, counts))
+        for b in (batches if workload.dp_batches else batches[:1]))
     return Pattern(engine=INFO.name, model=model, layout=layout, workload=workload,
-                   options=options, stages=tuple(runs))
+                   options=options, stages=replicas[0],
+                   dp_stages=replicas if workload.dp_batches else ())

@@ -187,6 +187,8 @@ INFO = EngineInfo(
 @register(INFO)
 def vllm_v0(model: ModelConfig, layout: Layout, workload: Workload,
             options: EngineOptions) -> Pattern:
+    # dp > 1 with a dense model: independent replicas, each issuing the stages below
+    # (`generate` refuses EP and DP MoE for this profile).
     stages = []
     first_layer = 0
     for stage, num_layers in enumerate(stage_layer_counts(model.num_hidden_layers, layout.pp)):
