@@ -15,8 +15,8 @@ from microbench.cli.run_args import (
 )
 from microbench.ranks import dist, faults, launch
 from microbench.ranks.failures import report_rank_failure
+from microbench.replay import LEVELS
 from microbench.replay.graphs import MODES, resolve_mode
-from microbench.replay.replayer import LEVELS, RankSamples, Replayer
 from patterns import ConfigError, Pattern
 
 EXAMPLES = """\
@@ -66,6 +66,7 @@ def run_rank(pattern: Pattern, env: dist.DistEnv, args: argparse.Namespace) -> i
     from microbench.backends import open_backend
     from microbench.ranks.watchdog import Watchdog
     from microbench.replay.plan import build_plan
+    from microbench.replay.replayer import RankSamples, Replayer
 
     watchdog = Watchdog(args.timeout, env.rank).start()
     faults.startup_stall(env.rank)

@@ -1,10 +1,12 @@
 """`infercomm sweep`: time each collective over a range of sizes, in nccl-tests' vocabulary."""
 
+from __future__ import annotations
+
 import argparse
 import json
 import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from microbench.argtypes import UsageError, byte_size, positive_int
 from microbench.cli.pattern_args import add_pattern_arguments, pattern_from_args
@@ -12,10 +14,12 @@ from microbench.cli.run_args import add_run_arguments, check_out_dir, resolve_de
 from microbench.ranks import dist, launch
 from microbench.ranks.failures import report_rank_failure
 from microbench.sweep.busbw import SweepOp, algbw_gbps, busbw_gbps
-from microbench.sweep.cases import Case, geometric_sizes, pattern_cases, rank_max, size_cases, stats
 from microbench.views.pattern import pattern_summary
 from microbench.views.textfmt import format_bytes, render_table
 from patterns import ConfigError, Pattern, canonical_dtype
+
+if TYPE_CHECKING:  # the sweep's timing imports numpy: only a rank needs it, not --help
+    from microbench.sweep.cases import Case
 
 EXAMPLES = """\
 examples:
@@ -102,6 +106,8 @@ def _pattern(args: argparse.Namespace) -> Pattern | None:
 def cases_for(args: argparse.Namespace, pattern: Pattern | None,
               world: int) -> tuple[list[Case], list[str]]:
     """The cases this run measures at this world size; raises UsageError when it cannot."""
+    from microbench.sweep.cases import geometric_sizes, pattern_cases, size_cases
+
     if pattern is not None:
         cases = pattern_cases(pattern)
         if not cases:
@@ -147,6 +153,8 @@ def run(args: argparse.Namespace) -> int:
     check_backend(args)
     env = dist.detect()
     if args.nproc is not None or env is None:
+        from microbench.sweep.cases import pattern_cases
+
         default = max([2] + [c.group_size for c in pattern_cases(pattern)]
                       if pattern is not None else [2])
         nproc = args.nproc or default
@@ -196,6 +204,8 @@ def run_rank(cases: list[Case], skipped: list[str], pattern: Pattern | None,
 def sweep_rows(cases: list[Case], gathered: list[tuple[str, list[Any]]],
                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(sweep.csv rows, samples.csv rows) from every rank's raw durations."""
+    from microbench.sweep.cases import rank_max, stats
+
     rows, samples = [], []
     for i, case in enumerate(cases):
         per_rank = [results[i][0] for _, results in gathered]

@@ -19,8 +19,6 @@ from microbench.replay import check
 from microbench.replay.plan import Plan
 from microbench.replay.timing import make_marks
 
-LEVELS = ("inference", "step", "op")
-
 
 @dataclass
 class RankSamples:
