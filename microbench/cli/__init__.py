@@ -72,3 +72,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except BrokenPipeError:  # `infercomm pattern ... | head` is fine
         return 0
+    except KeyboardInterrupt:  # Ctrl-C: one line, the shell's status for SIGINT
+        sys.stderr.write(f"infercomm {args.command}: interrupted\n")
+        return 130

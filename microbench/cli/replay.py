@@ -13,7 +13,7 @@ from microbench.cli.run_args import (
     resolve_device,
     strip_nproc,
 )
-from microbench.ranks import dist, faults, launch
+from microbench.ranks import dist, faults, launch, notes
 from microbench.ranks.failures import report_rank_failure
 from microbench.replay import LEVELS
 from microbench.replay.graphs import MODES, resolve_mode
@@ -80,6 +80,8 @@ def run_rank(pattern: Pattern, env: dist.DistEnv, args: argparse.Namespace) -> i
         replayer = Replayer(plan, backend, args.timing, watchdog, args.graph)
         marks = replayer.run(args.warmup, args.iters, progress=backend.rank == 0)
         wrong = replayer.check() if args.check else None
+        if wrong:
+            notes.note_wrong(env.rank, wrong)  # the launcher says "data wrong", not "crash"
         watchdog.where = "collecting results"
         samples = RankSamples(backend.rank, plan.stage, socket.gethostname(), args.timing,
                               marks, replayer.prefill_mark, replayer.step_marks, wrong)
