@@ -55,11 +55,30 @@ def run(args: argparse.Namespace) -> int:
     if args.nproc is not None or env is None:
         nproc = args.nproc or pattern.layout.world_size
         pattern.layout.check_world_size(nproc)
+        if args.device == "cpu":  # every rank's buffers in this machine's memory
+            from microbench.replay.footprint import available_host_bytes, check_fits
+            check_fits(pattern, list(range(nproc)), args.timing, args.warmup + args.iters,
+                       available_host_bytes(), "host memory")
         check_out_dir(args.out)
         return launch.spawn_local(nproc, args.backend, strip_nproc(args.argv))
     pattern.layout.check_world_size(env.world_size)
     args.launcher = env.launcher
     return run_rank(pattern, env, args)
+
+
+def check_rank_fits(pattern: Pattern, rank: int, device: str, args: argparse.Namespace) -> None:
+    """Refuse, before allocating, buffers that this rank's memory cannot hold."""
+    from microbench.replay.footprint import available_host_bytes, check_fits
+
+    iterations = args.warmup + args.iters
+    if device == "cuda":
+        try:
+            import torch
+            free: int | None = int(torch.cuda.mem_get_info()[0])
+        except ImportError:  # the nccl backend runs on CuPy alone
+            free = None
+        check_fits(pattern, [rank], "inference", 0, free, "GPU memory")
+    check_fits(pattern, [rank], args.timing, iterations, available_host_bytes(), "host memory")
 
 
 def run_rank(pattern: Pattern, env: dist.DistEnv, args: argparse.Namespace) -> int:
@@ -73,6 +92,7 @@ def run_rank(pattern: Pattern, env: dist.DistEnv, args: argparse.Namespace) -> i
     try:
         device = resolve_device(args.device, args.backend)
         args.graph = resolve_mode(args.graph, args.backend, device, args.timing)
+        check_rank_fits(pattern, env.rank, device, args)
         backend = open_backend(args.backend, env=env, device=device, timeout=args.timeout,
                                staging=args.mpi_staging)
         watchdog.where = "group creation"

@@ -27,6 +27,7 @@ def generate(engine: str, model: ModelConfig, layout: Layout, workload: Workload
     if profile is None:
         raise ConfigError(f"unknown engine {engine!r}; use one of {', '.join(sorted(ENGINES))}")
     layout.check_model(model)
+    model.check_sequence(workload.prompt, workload.decode)
     if workload.dtype is None:
         workload = replace(workload, dtype=model.default_dtype)
     options = options or EngineOptions()
