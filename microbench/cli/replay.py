@@ -3,6 +3,7 @@
 import argparse
 import json
 import socket
+import sys
 
 from microbench.argtypes import UsageError
 from microbench.cli.pattern_args import add_pattern_arguments, pattern_from_args
@@ -87,6 +88,8 @@ def run_rank(pattern: Pattern, env: dist.DistEnv, args: argparse.Namespace) -> i
     from microbench.replay.plan import build_plan
     from microbench.replay.replayer import RankSamples, Replayer
 
+    if env.rank == 0:  # the rank that writes: an unwritable --out is bad input, found now
+        check_out_dir(args.out)
     watchdog = Watchdog(args.timeout, env.rank).start()
     faults.startup_stall(env.rank)
     try:
@@ -112,8 +115,13 @@ def run_rank(pattern: Pattern, env: dist.DistEnv, args: argparse.Namespace) -> i
         if backend.rank == 0:
             from microbench.replay.output import write_replay
             summary = write_replay(pattern, plan, backend, args, gathered)
-            print(json.dumps(summary["last_line"], separators=(",", ":")))
+            print(json.dumps(summary["last_line"], separators=(",", ":")), flush=True)
             status = 1 if summary["last_line"]["wrong"] else 0
+            if summary["write_error"] is not None:
+                from microbench.results.store import WRITE_ERROR_EXIT_STATUS, write_error_message
+                sys.stderr.write(write_error_message("replay", args.out, summary["write_error"],
+                                                     summary["kept_dir"]))
+                status = WRITE_ERROR_EXIT_STATUS
         else:
             status = 1 if any(s.wrong for s, _ in gathered) else 0
         backend.close()

@@ -2,6 +2,7 @@
 any rank starts."""
 
 import argparse
+import tempfile
 from pathlib import Path
 
 from microbench.argtypes import (
@@ -88,6 +89,15 @@ def check_out_dir(out: str) -> None:
                          "folder") from None
     if not path.is_dir():
         raise UsageError(f"--out {out!r} is not a folder; pass a writable folder")
+    # A folder can exist and still refuse files (permissions, a read-only or full disk): find
+    # out now, not after the whole replay.
+    try:
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".infercomm-probe-") as probe:
+            probe.write(b"probe")  # a full disk may still create an empty file
+            probe.flush()
+    except OSError as err:
+        raise UsageError(f"--out {out!r} is not writable ({err.strerror}); pass a writable "
+                         "folder") from None
 
 
 def check_backend_options(args: argparse.Namespace) -> None:

@@ -190,7 +190,13 @@ def run_rank(cases: list[Case], skipped: list[str], pattern: Pattern | None,
             for note in skipped:
                 sys.stderr.write(f"infercomm sweep: skipped {note}\n")
             last = write_sweep(cases, pattern, backend, args, gathered)
-            print(json.dumps(last, separators=(",", ":")))
+            error, kept = last.pop("write_error"), last.pop("kept_dir")
+            print(json.dumps(last, separators=(",", ":")), flush=True)
+            if error is not None:
+                from microbench.results.store import WRITE_ERROR_EXIT_STATUS, write_error_message
+                sys.stderr.write(write_error_message("sweep", args.out, error, kept))
+                backend.close()
+                return WRITE_ERROR_EXIT_STATUS
         backend.close()
         return 1 if wrong else 0
     except (UsageError, ConfigError):
@@ -232,7 +238,7 @@ def sweep_rows(cases: list[Case], gathered: list[tuple[str, list[Any]]],
 def write_sweep(cases: list[Case], pattern: Pattern | None, backend: Any,
                 args: argparse.Namespace, gathered: list[tuple[str, list[Any]]],
                 ) -> dict[str, Any]:
-    from microbench.results.store import base_meta, csv_text, json_text, write_run
+    from microbench.results.store import base_meta, csv_text, json_text, write_run_or_keep
 
     rows, samples = sweep_rows(cases, gathered)
     hosts = [host for host, _ in gathered]
@@ -254,11 +260,12 @@ def write_sweep(cases: list[Case], pattern: Pattern | None, backend: Any,
     files = {"meta.json": json_text(meta), "sweep.csv": csv_text(rows, columns),
              "samples.csv": csv_text(samples, SAMPLE_COLUMNS), "summary.json": json_text(summary)}
     label = args.label or default_label(pattern, backend)
-    folder = write_run(args.out, label, files)
+    folder, error = write_run_or_keep(args.out, label, files)
     print(sweep_table(rows, head, hosts, pattern is not None))
     print(f"results: {folder}")
-    return {**{k: v for k, v in summary.items() if k != "rows"}, "results_dir": str(folder),
-            "rows": rows}
+    return {**{k: v for k, v in summary.items() if k != "rows"},
+            "results_dir": str(folder) if folder is not None else None, "rows": rows,
+            "write_error": error, "kept_dir": folder}
 
 
 def default_label(pattern: Pattern | None, backend: Any) -> str:

@@ -19,6 +19,7 @@ from typing import IO, Any
 
 from microbench.argtypes import UsageError
 from microbench.ranks import notes
+from microbench.results.store import WRITE_ERROR_EXIT_STATUS
 
 # After the first rank fails, the others get this long to report their own error.
 GRACE_SECONDS = 5.0
@@ -179,6 +180,8 @@ def _wait_all(procs: list[subprocess.Popen], names: list[str], folder: Path) -> 
                     # own once rank 0 has written the results: no grace period, no kill.
                     sys.stderr.write(check_failed_message(wrong))
                     continue
+                if code == WRITE_ERROR_EXIT_STATUS:
+                    continue  # rank 0 measured, said where the run went; the others end well
                 failed_at = time.monotonic()
                 if name == "mpiexec":
                     continue  # described once its output is read (_mpi_status)
@@ -263,7 +266,7 @@ class _MpiBanner:
 
 def _mpi_status(status: int, banner: _MpiBanner, folder: Path) -> int:
     """Name the rank and the signal MPICH reported (by pid), or say how mpiexec ended."""
-    if status == 0 or (status == 1 and notes.wrong_by_rank(folder)):
+    if status in (0, WRITE_ERROR_EXIT_STATUS) or (status == 1 and notes.wrong_by_rank(folder)):
         return status
     if banner.pid is not None:
         rank = notes.rank_of_pid(folder, banner.pid)

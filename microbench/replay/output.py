@@ -7,7 +7,7 @@ from microbench.backends import Backend
 from microbench.replay import aggregate
 from microbench.replay.plan import Plan
 from microbench.replay.replayer import RankSamples
-from microbench.results.store import base_meta, csv_text, json_text, write_run
+from microbench.results.store import base_meta, csv_text, json_text, write_run_or_keep
 from microbench.views.pattern import pattern_summary, title
 from microbench.views.replay import replay_table
 from patterns import Pattern
@@ -78,9 +78,11 @@ def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.
         files["ops.csv"] = csv_text(_ops_rows(pattern, ranks), OP_COLUMNS)
     label = args.label or default_label(pattern, backend.name)
     files["summary.json"] = json_text(summary)
-    folder = write_run(args.out, label, files)
-    # The folder's name is known once it is in place; the last line carries it.
-    summary["results_dir"] = str(folder)
+    folder, summary["write_error"] = write_run_or_keep(args.out, label, files)
+    # The folder's name is known once it is in place; the last line carries it. After a
+    # write error it names where the run was kept instead (None if nowhere could take it).
+    summary["results_dir"] = str(folder) if folder is not None else None
+    summary["kept_dir"] = folder
     print(replay_table(summary, header_title(pattern)))
     last_keys = ["backend", "transport", "device", "world_size", "model", "engine", "tp", "pp",
                  "prompt", "decode", "batch", "dtype", "iterations", "timing", "prefill_us",
