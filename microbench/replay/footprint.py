@@ -26,10 +26,12 @@ def marks_per_inference(pattern: Pattern, stage: int, timing: str) -> int:
 
 
 def rank_bytes(pattern: Pattern, rank: int, timing: str, iterations: int) -> tuple[int, int]:
-    """(buffer bytes, timing bytes) of one rank."""
+    """(buffer bytes, timing bytes) of one rank. --timing op marks every call of one
+    inference, then keeps its step marks only (each call's time goes to disk)."""
     stage = pattern.layout.stage_of(rank)
     marks = marks_per_inference(pattern, stage, timing)
-    return buffer_bytes(pattern, stage), marks * (MARK_BYTES + SAMPLE_BYTES * iterations)
+    kept = marks_per_inference(pattern, stage, "step") if timing == "op" else marks
+    return buffer_bytes(pattern, stage), marks * MARK_BYTES + kept * SAMPLE_BYTES * iterations
 
 
 def available_host_bytes() -> int | None:

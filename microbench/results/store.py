@@ -92,7 +92,7 @@ def write_error_message(command: str, out: str | Path, err: OSError,
 
 
 def write_run_or_keep(out_dir: str | Path, label: str,
-                      files: dict[str, str]) -> tuple[Path | None, OSError | None]:
+                      files: dict[str, str | Path]) -> tuple[Path | None, OSError | None]:
     """write_run into `out_dir`; on a write error (a full disk...), into fallback_dir().
 
     Returns (folder written or None, the error that kept the run out of `out_dir` or None).
@@ -106,7 +106,7 @@ def write_run_or_keep(out_dir: str | Path, label: str,
             return None, err
 
 
-def write_run(out_dir: str | Path, label: str, files: dict[str, str]) -> Path:
+def write_run(out_dir: str | Path, label: str, files: dict[str, str | Path]) -> Path:
     """Write every file into a hidden folder, then rename it into place in one step.
 
     A reader never sees a half-written run, and an existing run is never replaced: on a name
@@ -122,11 +122,15 @@ def write_run(out_dir: str | Path, label: str, files: dict[str, str]) -> Path:
     try:
         for filename, text in files.items():
             try:
+                if isinstance(text, Path):  # a file written beforehand (ops.csv): copy it
+                    shutil.copyfile(text, tmp / filename)
+                    continue
                 with open(tmp / filename, "w") as f:  # close() is where a full disk may show
                     f.write(text)
             except OSError as err:
-                if err.filename is None:  # a failed write or close names no file: name it
-                    err.filename = str(out / name / filename)
+                # A failed write or close names no file, a failed copy names its source:
+                # name the file that could not be written, where it was to be.
+                err.filename = str(out / name / filename)
                 raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
