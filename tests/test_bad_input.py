@@ -67,7 +67,9 @@ def test_buffers_beyond_memory_are_refused_before_any_rank_starts(tmp_path):
 ])
 def test_meaningless_run_options_are_refused(tmp_path, option, words):
     proc, _ = infercomm("replay", "--model", write_config(tmp_path), "--tp", "2", "--prompt",
-                        "4", "--decode", "4", "--device", "cpu", *option)
+                        "4", "--decode", "4", "--device", "cpu", "--out", str(tmp_path / "o"),
+                        *option)  # an --out in `option` comes last and wins
+    assert not (tmp_path / "o").exists()
     one_line_refusal(proc, *words)
 
 
@@ -87,6 +89,7 @@ def test_a_users_master_port_is_kept_under_nproc(tmp_path):
                        / "meta.json").read_text())
     assert meta["environment"]["MASTER_PORT"] == port  # what the ranks saw
     proc, _ = infercomm("replay", "--model", write_config(tmp_path), "--tp", "2", "--prompt",
-                        "4", "--decode", "4", "--device", "cpu", env={"MASTER_PORT": "http"})
+                        "4", "--decode", "4", "--device", "cpu", "--out", str(tmp_path / "x"),
+                        env={"MASTER_PORT": "http"})
     one_line_refusal(proc, "MASTER_PORT='http'")
 
