@@ -51,7 +51,9 @@ def kill_leftovers(marker: str) -> None:
 def start_long_replay(tmp_path: Path, backend: str, marker: str) -> subprocess.Popen:
     """The issue's command shape: setsid, a decode far longer than the test, -n 1 -w 0."""
     model = tiny_model(tmp_path)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "INFERCOMM_TEST_RUN": marker}
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "INFERCOMM_TEST_RUN": marker,
+           "TMPDIR": str(tmp_path / "tmp")}
     return subprocess.Popen(
         ["setsid", sys.executable, "-m", "microbench", "replay", "--nproc", "2", "--backend",
          backend, "--device", "cpu", "--model", model, "--tp", "2", "--prompt", "16",
@@ -87,6 +89,15 @@ def test_killing_the_launcher_ends_every_process_of_the_run(tmp_path, backend, s
         left = wait_gone(marker, 10)
         assert left == [], f"processes of the run left 10 s after {sig.name}: {left}"
         assert not list((tmp_path / "o").glob("2*")), "nobody reads a run that was stopped"
+        # The launcher's notes folder goes too: after SIGKILL, the ranks' sentinels remove it
+        # (torch), or the next launch does (mpi: mpiexec kills the sentinels with the ranks).
+        if backend == "mpi":
+            proc, _ = infercomm("replay", "--model", tiny_model(tmp_path), "--tp", "2",
+                                "--prompt", "4", "--decode", "2", "-n", "1", "-w", "0",
+                                "--device", "cpu", "--out", str(tmp_path / "next"),
+                                env={"TMPDIR": str(tmp_path / "tmp")})
+            assert proc.returncode == 0, proc.stderr
+        assert not list(Path(tmp_path / "tmp").glob("infercomm-launch-*"))
     finally:
         kill_leftovers(marker)
         launcher.kill()

@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -113,7 +112,7 @@ def spawn_local(nproc: int, backend: str, argv: list[str]) -> int:
     Whatever ends the launcher ends the ranks: SIGINT, SIGTERM and SIGHUP are caught and every
     rank is ended (exit 128+signal, one line); SIGKILL cannot be caught, so each rank's
     sentinel polls the launcher and ends its rank, and direct children get PDEATHSIG."""
-    folder = Path(tempfile.mkdtemp(prefix="infercomm-launch-"))
+    folder = notes.new_launch_dir()
     env = _base_env()
     env.update({notes.LAUNCHER_VAR: notes.launcher_identity(),
                 notes.LAUNCH_DIR_VAR: str(folder)})

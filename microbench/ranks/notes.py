@@ -12,6 +12,8 @@ Outside `--nproc` neither is set and nothing here does anything.
 
 import contextlib
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 LAUNCHER_VAR = "INFERCOMM_LAUNCHER"
@@ -54,6 +56,30 @@ def note_rank(rank: int) -> None:
 
 def note_wrong(rank: int, wrong: int) -> None:
     _note(f"wrong-{rank}", str(wrong))
+
+
+def new_launch_dir() -> Path:
+    """A notes folder for this launcher, after removing those of launchers that are gone
+    (a launcher killed by SIGKILL cannot remove its own, and under MPI its ranks may be
+    killed with their sentinels before these can)."""
+    base = Path(tempfile.gettempdir())
+    for stale in base.glob("infercomm-launch-*"):
+        try:
+            owner = (stale / "launcher").read_text()
+        except OSError:
+            continue  # being created, or not ours
+        if not launcher_alive(owner):
+            shutil.rmtree(stale, ignore_errors=True)
+    folder = Path(tempfile.mkdtemp(prefix="infercomm-launch-"))
+    (folder / "launcher").write_text(launcher_identity())
+    return folder
+
+
+def remove_launch_dir() -> None:
+    """Remove the launcher's notes folder: a launcher killed by SIGKILL cannot."""
+    folder = os.environ.get(LAUNCH_DIR_VAR)
+    if folder and Path(folder).name.startswith("infercomm-launch-"):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def rank_of_pid(folder: Path, pid: int) -> int | None:

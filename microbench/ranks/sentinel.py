@@ -46,6 +46,7 @@ def watch(fd: int, pid: int, timeout: float, rank: int, command: str,
                              f"{launcher.partition(':')[0]}) ended; ending the rank\n")
             sys.stderr.flush()
             os.kill(pid, signal.SIGKILL)
+            notes.remove_launch_dir()
             return
         if not ready:
             if time.monotonic() - last_beat < timeout:
@@ -57,6 +58,8 @@ def watch(fd: int, pid: int, timeout: float, rank: int, command: str,
             return
         chunk = os.read(fd, 4096)
         if not chunk:
+            if launcher and not notes.launcher_alive(launcher):
+                notes.remove_launch_dir()  # the rank ended with its killed launcher
             return
         last_beat = time.monotonic()
         lines = (pending + chunk).split(b"\n")
