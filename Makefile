@@ -19,10 +19,12 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The main job: Llama-3.1-8B TP2 replayed on 2 local ranks, over gloo and over MPI.
+# Its runs go to an ignored folder: a demo on someone's laptop is not a result to commit.
 DEMO_PATTERN ?= --model llama-3.1-8b --tp 2 --prompt 128 --decode 128
+DEMO_OUT ?= demo-results
 demo: setup
-	$(BIN)/infercomm replay $(DEMO_PATTERN) --backend torch --device cpu -n 5 -w 1 --check
-	$(BIN)/infercomm replay $(DEMO_PATTERN) --backend mpi --device cpu -n 5 -w 1 --check
+	$(BIN)/infercomm replay $(DEMO_PATTERN) --backend torch --device cpu -n 5 -w 1 --check --out $(DEMO_OUT)
+	$(BIN)/infercomm replay $(DEMO_PATTERN) --backend mpi --device cpu -n 5 -w 1 --check --out $(DEMO_OUT)
 
 lint: setup
 	$(BIN)/ruff check .

@@ -4,8 +4,8 @@
     python -m pytest -c benchmarks/pytest.ini benchmarks/bench_pattern_generation.py
 
 What `infercomm pattern` does (generate, aggregate rows, compute the volume) for
-llama-3.1-70b tp=4 pp=2 batch=8 prompt=512 at Sd from 2 to 1,048,576, and the large case
-llama-3.1-405b tp=8 pp=2 batch=16 prompt=2480 decode=2048. After the table: Sd=1,048,576 / Sd=2
+llama-3.1-70b tp=4 pp=2 batch=8 prompt=512 at Sd from 2 to 130,560 (the model's 131,072
+positions), and the large case llama-3.1-405b tp=8 pp=2 batch=16 prompt=2480 decode=2048. After the table: Sd=130,560 / Sd=2
 (flat means about 1). The engine is the CLI's default; `BENCH_ENGINE=sglang make bench` picks
 another.
 """
@@ -21,7 +21,7 @@ from patterns.engines import DEFAULT_ENGINE
 ENGINE = os.environ.get("BENCH_ENGINE", DEFAULT_ENGINE)
 
 GROUP = f"pattern generation ({ENGINE})"
-DECODES = (2, 128, 2048, 65_536, 1_048_576)
+DECODES = (2, 128, 2048, 65_536, 130_560)  # 512 + 130,560 = 131,072 positions
 RATIOS[GROUP] = (f"Sd={DECODES[-1]}", f"Sd={DECODES[0]}", "flat in Sd means about 1")
 
 

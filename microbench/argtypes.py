@@ -46,6 +46,23 @@ def positive_int_list(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text} must be a positive number of seconds")
+    return value
+
+
+def folder_path(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path is not a folder; pass a folder such as "
+                                         "results")
+    return text
+
+
 _SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 

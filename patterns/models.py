@@ -5,7 +5,7 @@ decoder model is read from its own `config.json` with `from_hf_config`.
 """
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from patterns.dtypes import canonical_dtype
@@ -32,6 +32,7 @@ class ModelConfig:
     # Indices of the MoE layers; None: every layer of a model with experts, none otherwise.
     moe_layers: tuple[int, ...] | None = None
     mla: bool = False  # multi-head latent attention (DeepSeek: kv_lora_rank in the config)
+    max_position_embeddings: int = 0  # longest sequence the model takes; 0 when not known
 
     def __post_init__(self) -> None:
         if self.moe_layers is None:
@@ -44,6 +45,14 @@ class ModelConfig:
 
     def is_moe_layer(self, layer: int) -> bool:
         return self.num_local_experts > 1 and layer in (self.moe_layers or ())
+
+    def check_sequence(self, prompt: int, decode: int) -> None:
+        """Refuse sequences longer than the model's positions (vLLM's max_model_len)."""
+        limit = self.max_position_embeddings
+        if limit and prompt + decode > limit:
+            raise ConfigError(f"prompt({prompt}) + decode({decode}) = {prompt + decode} tokens "
+                              f"exceed max_position_embeddings({limit}) of {self.name}; use "
+                              f"prompt + decode <= {limit}")
 
     @property
     def default_dtype(self) -> str:
@@ -125,6 +134,19 @@ PRESETS: dict[str, ModelConfig] = {m.name: m for m in (
                        "gpt-oss-20b with 36 layers, 128 experts; no torch_dtype: bf16)"),
 )}
 
+# max_position_embeddings of each preset, from the config.json its `source` names.
+_POSITIONS = {"llama-3.2-1b": 131072, "llama-3.2-3b": 131072, "llama-3.1-8b": 131072,
+              "llama-2-7b": 4096, "llama-2-13b": 4096, "llama-3.1-70b": 131072,
+              "llama-3.1-405b": 131072, "mixtral-8x7b": 32768, "qwen2.5-7b": 131072,
+              "qwen3-8b": 40960, "qwen3-30b-a3b": 40960, "deepseek-v3": 163840,
+              "gpt-oss-120b": 131072}
+PRESETS = {name: replace(model, max_position_embeddings=_POSITIONS.get(name, 0))
+           for name, model in PRESETS.items()}
+
+# Far beyond any decoder model (Llama-3.1-405B has 126 layers): a larger count is a typo or
+# garbage, and each layer adds calls to every step of the pattern.
+MAX_LAYERS = 10_000
+
 _REQUIRED = ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads")
 # Expert-count field names differ between model families.
 _EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts")
@@ -194,6 +216,11 @@ def from_hf_config(path: str | Path) -> ModelConfig:
                           f"has all of {', '.join(_REQUIRED)}")
     where = str(file)
     values = {f: _positive_int(raw, f, where) for f in _REQUIRED}
+    if values["num_hidden_layers"] > MAX_LAYERS:
+        raise ConfigError(f"{where}: num_hidden_layers is {values['num_hidden_layers']}; no "
+                          f"decoder model has more than a few hundred (Llama-3.1-405B has "
+                          f"126): use at most {MAX_LAYERS}")
+    positions = raw.get("max_position_embeddings")
     kv = raw.get("num_key_value_heads") or values["num_attention_heads"]
     experts = int(next((raw[f] for f in _EXPERT_FIELDS if raw.get(f)), 0))
     top_k = int(next((raw[f] for f in _TOP_K_FIELDS if raw.get(f)), 0))
@@ -215,6 +242,8 @@ def from_hf_config(path: str | Path) -> ModelConfig:
         model_type=str(raw.get("model_type") or "llama"),
         moe_layers=_moe_layers(raw, values["num_hidden_layers"], experts),
         mla=bool(raw.get("kv_lora_rank")),
+        max_position_embeddings=(positions if isinstance(positions, int)
+                                 and not isinstance(positions, bool) and positions > 0 else 0),
         **values,
     )
 

@@ -4,14 +4,17 @@ A backend turns an `Op` into a bound call (a zero-argument callable holding its 
 group), so the replay loop does nothing per call but call it.
 """
 
+from __future__ import annotations
+
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Protocol
 
 from microbench.argtypes import UsageError
+
+if TYPE_CHECKING:  # numpy is imported by the backends themselves, not by the CLI's parser
+    import numpy as np
 
 BoundCall = Callable[[], None]
 

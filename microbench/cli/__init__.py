@@ -11,20 +11,31 @@ from collections.abc import Sequence
 from microbench.argtypes import OneLineParser, UsageError
 from patterns import ConfigError
 
-# Each module defines `add_parser(subparsers)` and `run(args) -> int`.
-COMMAND_MODULES = (
-    "microbench.cli.models",
-    "microbench.cli.engines",
-    "microbench.cli.pattern",
-    "microbench.cli.replay",
-    "microbench.cli.sweep",
-    "microbench.cli.compare",
-    "microbench.cli.predict",
-    "microbench.cli.plan",
-    "microbench.cli.report",
-    "microbench.cli.trace",
-    "microbench.cli.validate",
-)
+# Each module defines `add_parser(subparsers)` and `run(args) -> int`. Only the module of the
+# command being run is imported: the others would pull in numpy and every backend, and
+# `infercomm sweep --help` would pay for all of them (issue 9, item 12). The one-line help
+# of the others is here so that `infercomm --help` lists them without importing them.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "models": ("microbench.cli.models", "list the model presets and their sources"),
+    "engines": ("microbench.cli.engines", "list the engine profiles, their sources and options"),
+    "pattern": ("microbench.cli.pattern", "print the calls an engine issues (no devices needed)"),
+    "replay": ("microbench.cli.replay", "replay a pattern's calls on real ranks and time them"),
+    "sweep": ("microbench.cli.sweep",
+              "time collectives over a range of message sizes (like nccl-tests)"),
+    "compare": ("microbench.cli.compare",
+                "compare runs: ratios with confidence intervals and verdicts"),
+    "predict": ("microbench.cli.predict", "predict a pattern's communication time from a sweep"),
+    "plan": ("microbench.cli.plan",
+             "price every layout of N GPUs by its predicted communication"),
+    "report": ("microbench.cli.report",
+               "one self-contained HTML page of figures and tables from runs"),
+    "plot": ("microbench.cli.report", "the report's figures as PNG files"),
+    "trace": ("microbench.cli.trace",
+              "summarise the calls of an NCCL/RCCL log or a PyTorch profiler trace"),
+    "validate": ("microbench.cli.validate",
+                 "compare a pattern with a trace the engine really issued"),
+}
+COMMAND_MODULES = tuple(dict.fromkeys(module for module, _ in COMMANDS.values()))
 
 EXAMPLES = """\
 examples:
@@ -38,7 +49,13 @@ examples:
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _chosen_command(argv: Sequence[str]) -> str | None:
+    """The command word of `argv` (the top-level parser has no option taking a value)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The full parser of the command `argv` names; a name and help line for the others."""
     parser = OneLineParser(
         prog="infercomm",
         description="The communication of LLM inference: generate the exact calls an engine "
@@ -46,14 +63,18 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                        parser_class=OneLineParser)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).add_parser(subparsers)
+    chosen = _chosen_command(argv)
+    if chosen in COMMANDS:
+        importlib.import_module(COMMANDS[chosen][0]).add_parser(subparsers)
+    for name, (_, help_line) in COMMANDS.items():
+        if name not in subparsers.choices:
+            subparsers.add_parser(name, help=help_line)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     args.argv = argv  # recorded in results, and handed on to ranks started locally
     try:
@@ -63,3 +84,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except BrokenPipeError:  # `infercomm pattern ... | head` is fine
         return 0
+    except KeyboardInterrupt:  # Ctrl-C: one line, the shell's status for SIGINT
+        sys.stderr.write(f"infercomm {args.command}: interrupted\n")
+        return 130

@@ -2,9 +2,15 @@
 
 import argparse
 import json
+import os
+import resource
 import socket
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
 
-from microbench.argtypes import UsageError
+from microbench.argtypes import UsageError, byte_size
 from microbench.cli.pattern_args import add_pattern_arguments, pattern_from_args
 from microbench.cli.run_args import (
     add_run_arguments,
@@ -13,10 +19,11 @@ from microbench.cli.run_args import (
     resolve_device,
     strip_nproc,
 )
-from microbench.ranks import dist, faults, launch
+from microbench.ranks import dist, faults, launch, notes
 from microbench.ranks.failures import report_rank_failure
+from microbench.replay import LEVELS
 from microbench.replay.graphs import MODES, resolve_mode
-from microbench.replay.replayer import LEVELS, RankSamples, Replayer
+from microbench.views.textfmt import format_bytes
 from patterns import ConfigError, Pattern
 
 EXAMPLES = """\
@@ -47,6 +54,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="decode: capture each decode step in a CUDA graph and replay it, "
                              "prefill eager, as vLLM does (default on CUDA for torch and nccl, "
                              "except with --timing op); none: every call eager")
+    parser.add_argument("--max-ops-csv", type=byte_size, default=1 << 30, metavar="SIZE",
+                        help="--timing op: refuse to start when ops.csv would be larger "
+                             "(default 1G; sizes like 500M, 4G)")
     parser.add_argument("--label", default=None,
                         help="run folder label (default replay-MODEL-tpTppP-BACKEND)")
     parser.set_defaults(run=run)
@@ -73,10 +83,21 @@ def pattern_or_trace(args: argparse.Namespace) -> Pattern:
 def run(args: argparse.Namespace) -> int:
     pattern = pattern_or_trace(args)  # bad input ends here, before any process or file
     check_backend_options(args)
+    if args.timing == "op":
+        rows, size = check_ops_size(pattern, args)
+        here = dist.detect()
+        started_by_us = notes.LAUNCHER_VAR in os.environ  # our launcher said it already
+        if here is None or args.nproc is not None or (here.rank == 0 and not started_by_us):
+            sys.stderr.write(f"[infercomm] --timing op: ops.csv will hold {rows:,} rows, "
+                             f"about {format_bytes(size)}\n")
     env = dist.detect()
     if args.nproc is not None or env is None:
         nproc = args.nproc or pattern.layout.world_size
         pattern.layout.check_world_size(nproc)
+        if args.device == "cpu":  # every rank's buffers in this machine's memory
+            from microbench.replay.footprint import available_host_bytes, check_fits
+            check_fits(pattern, list(range(nproc)), args.timing, args.warmup + args.iters,
+                       available_host_bytes(), "host memory")
         check_out_dir(args.out)
         return launch.spawn_local(nproc, args.backend, strip_nproc(args.argv))
     pattern.layout.check_world_size(env.world_size)
@@ -84,16 +105,68 @@ def run(args: argparse.Namespace) -> int:
     return run_rank(pattern, env, args)
 
 
+def check_rank_fits(pattern: Pattern, rank: int, device: str, args: argparse.Namespace) -> None:
+    """Refuse, before allocating, buffers that this rank's memory cannot hold."""
+    from microbench.replay.footprint import available_host_bytes, check_fits
+
+    iterations = args.warmup + args.iters
+    if device == "cuda":
+        try:
+            import torch
+            free: int | None = int(torch.cuda.mem_get_info()[0])
+        except ImportError:  # the nccl backend runs on CuPy alone
+            free = None
+        check_fits(pattern, [rank], "inference", 0, free, "GPU memory")
+    check_fits(pattern, [rank], args.timing, iterations, available_host_bytes(), "host memory")
+
+
+def _gather_ops(pattern: Pattern, replayer: Any, backend: Any,
+                iterations: int) -> tuple[Path | None, OSError | None]:
+    """Every rank sends its call times; rank 0 writes them to a temporary ops.csv."""
+    from microbench.replay.op_samples import gather_to_csv
+
+    path = None
+    if backend.rank == 0:
+        fd, name = tempfile.mkstemp(prefix="infercomm-ops-", suffix=".csv")
+        os.close(fd)
+        path = Path(name)
+    try:
+        error = gather_to_csv(pattern, replayer.op_file, backend.rank, iterations,
+                              backend.allgather_object, path)
+    finally:
+        replayer.op_file.close()
+    return path, error
+
+
+def check_ops_size(pattern: Pattern, args: argparse.Namespace) -> tuple[int, int]:
+    """(rows, bytes) ops.csv will have; refused above --max-ops-csv before anything runs."""
+    from microbench.replay.op_samples import estimate
+
+    rows, size = estimate(pattern, args.iters)
+    if size > args.max_ops_csv:
+        limit = format_bytes(args.max_ops_csv)
+        raise UsageError(f"--timing op would write an ops.csv of {rows:,} rows, about "
+                         f"{format_bytes(size)}, above --max-ops-csv {limit}; raise "
+                         "--max-ops-csv, lower -n or --decode, or use --timing step")
+    return rows, size
+
+
 def run_rank(pattern: Pattern, env: dist.DistEnv, args: argparse.Namespace) -> int:
+    import numpy as np
+
     from microbench.backends import open_backend
     from microbench.ranks.watchdog import Watchdog
     from microbench.replay.plan import build_plan
+    from microbench.replay.replayer import RankSamples, Replayer
 
+    if env.rank == 0:  # the rank that writes: an unwritable --out is bad input, found now
+        check_out_dir(args.out)
     watchdog = Watchdog(args.timeout, env.rank).start()
     faults.startup_stall(env.rank)
     try:
         device = resolve_device(args.device, args.backend)
         args.graph = resolve_mode(args.graph, args.backend, device, args.timing)
+        check_rank_fits(pattern, env.rank, device, args)
         backend = open_backend(args.backend, env=env, device=device, timeout=args.timeout,
                                staging=args.mpi_staging)
         watchdog.where = "group creation"
@@ -101,20 +174,37 @@ def run_rank(pattern: Pattern, env: dist.DistEnv, args: argparse.Namespace) -> i
         replayer = Replayer(plan, backend, args.timing, watchdog, args.graph)
         marks = replayer.run(args.warmup, args.iters, progress=backend.rank == 0)
         wrong = replayer.check() if args.check else None
+        if wrong:
+            notes.note_wrong(env.rank, wrong)  # the launcher says "data wrong", not "crash"
         watchdog.where = "collecting results"
+        op_level = args.timing == "op"
         samples = RankSamples(backend.rank, plan.stage, socket.gethostname(), args.timing,
-                              marks, replayer.prefill_mark, replayer.step_marks, wrong)
-        kinds = ([op.op.kind.value for run in plan.runs for _ in range(run.repeat)
-                  for op in run.ops] if args.timing == "op" else [])
-        gathered = backend.allgather_object((samples, kinds))
+                              marks, replayer.prefill_mark, replayer.step_marks, wrong,
+                              np.array(replayer.kind_times) if op_level else None,
+                              replayer.kind_calls if op_level else None)
+        gathered = backend.allgather_object(samples)
+        ops_csv, ops_error = (_gather_ops(pattern, replayer, backend, args.iters)
+                              if op_level else (None, None))
+        args.peak_rss_kib = backend.allgather_object(
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)  # KiB on Linux
         status = 0
         if backend.rank == 0:
             from microbench.replay.output import write_replay
-            summary = write_replay(pattern, plan, backend, args, gathered)
-            print(json.dumps(summary["last_line"], separators=(",", ":")))
+            try:
+                summary = write_replay(pattern, plan, backend, args, gathered, ops_csv,
+                                       ops_error)
+            finally:
+                if ops_csv is not None:
+                    ops_csv.unlink(missing_ok=True)
+            print(json.dumps(summary["last_line"], separators=(",", ":")), flush=True)
             status = 1 if summary["last_line"]["wrong"] else 0
+            if summary["write_error"] is not None:
+                from microbench.results.store import WRITE_ERROR_EXIT_STATUS, write_error_message
+                sys.stderr.write(write_error_message("replay", args.out, summary["write_error"],
+                                                     summary["kept_dir"]))
+                status = WRITE_ERROR_EXIT_STATUS
         else:
-            status = 1 if any(s.wrong for s, _ in gathered) else 0
+            status = 1 if any(s.wrong for s in gathered) else 0
         backend.close()
         return status
     except (UsageError, ConfigError):

@@ -2,9 +2,16 @@
 any rank starts."""
 
 import argparse
+import tempfile
 from pathlib import Path
 
-from microbench.argtypes import UsageError, non_negative_int, positive_int
+from microbench.argtypes import (
+    UsageError,
+    folder_path,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from microbench.replay.graphs import resolve_mode
 
 
@@ -23,7 +30,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("-c", "--check", action="store_true",
                        help="issue every call once more with known data and count wrong "
                             "elements (exit 1 if any)")
-    group.add_argument("--timeout", type=float, default=120.0,
+    group.add_argument("--timeout", type=positive_float, default=120.0,
                        help="seconds without progress after which every rank ends "
                             "(default 120)")
     group.add_argument("--nproc", type=positive_int, default=None,
@@ -32,7 +39,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--mpi-staging", action="store_true",
                        help="mpi with --device cuda: copy through host buffers around each "
                             "call (recorded in the results)")
-    group.add_argument("--out", default="results", help="results folder (default results/)")
+    group.add_argument("--out", type=folder_path, default="results",
+                       help="results folder (default results/)")
 
 
 def resolve_device(requested: str, backend: str = "torch") -> str:
@@ -81,6 +89,15 @@ def check_out_dir(out: str) -> None:
                          "folder") from None
     if not path.is_dir():
         raise UsageError(f"--out {out!r} is not a folder; pass a writable folder")
+    # A folder can exist and still refuse files (permissions, a read-only or full disk): find
+    # out now, not after the whole replay.
+    try:
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".infercomm-probe-") as probe:
+            probe.write(b"probe")  # a full disk may still create an empty file
+            probe.flush()
+    except OSError as err:
+        raise UsageError(f"--out {out!r} is not writable ({err.strerror}); pass a writable "
+                         "folder") from None
 
 
 def check_backend_options(args: argparse.Namespace) -> None:
@@ -92,6 +109,13 @@ def check_backend_options(args: argparse.Namespace) -> None:
             raise UsageError("the nccl backend runs on CUDA devices only; drop --device cpu "
                              "or use --backend torch")
     device = args.device
+    if args.mpi_staging:
+        if args.backend != "mpi":
+            raise UsageError(f"--mpi-staging applies to --backend mpi, not {args.backend}; "
+                             "drop it")
+        if resolve_device(device, args.backend) != "cuda":
+            raise UsageError("--mpi-staging copies device buffers through the host, and these "
+                             "buffers are on the CPU already; drop it or use --device cuda")
     if args.graph == "decode" and device == "auto":
         device = resolve_device(device, args.backend)  # a CPU-only machine: refuse here
     resolve_mode(args.graph, args.backend, device, args.timing)

@@ -1,11 +1,13 @@
 """`infercomm sweep`: time each collective over a range of sizes, in nccl-tests' vocabulary."""
 
+from __future__ import annotations
+
 import argparse
 import json
 import socket
 import sys
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from microbench.argtypes import UsageError, byte_size, positive_int
 from microbench.cli.pattern_args import add_pattern_arguments, pattern_from_args
@@ -13,10 +15,12 @@ from microbench.cli.run_args import add_run_arguments, check_out_dir, resolve_de
 from microbench.ranks import dist, launch
 from microbench.ranks.failures import report_rank_failure
 from microbench.sweep.busbw import SweepOp, algbw_gbps, busbw_gbps
-from microbench.sweep.cases import Case, geometric_sizes, pattern_cases, rank_max, size_cases, stats
 from microbench.views.pattern import pattern_summary
 from microbench.views.textfmt import format_bytes, render_table
 from patterns import ConfigError, Pattern, canonical_dtype
+
+if TYPE_CHECKING:  # the sweep's timing imports numpy: only a rank needs it, not --help
+    from microbench.sweep.cases import Case
 
 EXAMPLES = """\
 examples:
@@ -109,6 +113,8 @@ def _pattern(args: argparse.Namespace) -> Pattern | None:
 def cases_for(args: argparse.Namespace, pattern: Pattern | None,
               world: int) -> tuple[list[Case], list[str]]:
     """The cases this run measures at this world size; raises UsageError when it cannot."""
+    from microbench.sweep.cases import geometric_sizes, pattern_cases, size_cases
+
     if pattern is not None:
         cases = pattern_cases(pattern)
         if not cases:
@@ -162,6 +168,8 @@ def run(args: argparse.Namespace) -> int:
     check_backend(args)
     env = dist.detect()
     if args.nproc is not None or env is None:
+        from microbench.sweep.cases import pattern_cases
+
         default = max([2] + [c.group_size for c in pattern_cases(pattern)]
                       if pattern is not None else [2])
         nproc = args.nproc or default
@@ -197,7 +205,13 @@ def run_rank(cases: list[Case], skipped: list[str], pattern: Pattern | None,
             for note in skipped:
                 sys.stderr.write(f"infercomm sweep: skipped {note}\n")
             last = write_sweep(cases, pattern, backend, args, gathered)
-            print(json.dumps(last, separators=(",", ":")))
+            error, kept = last.pop("write_error"), last.pop("kept_dir")
+            print(json.dumps(last, separators=(",", ":")), flush=True)
+            if error is not None:
+                from microbench.results.store import WRITE_ERROR_EXIT_STATUS, write_error_message
+                sys.stderr.write(write_error_message("sweep", args.out, error, kept))
+                backend.close()
+                return WRITE_ERROR_EXIT_STATUS
         backend.close()
         return 1 if wrong else 0
     except (UsageError, ConfigError):
@@ -211,6 +225,8 @@ def run_rank(cases: list[Case], skipped: list[str], pattern: Pattern | None,
 def sweep_rows(cases: list[Case], gathered: list[tuple[str, list[Any]]],
                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(sweep.csv rows, samples.csv rows) from every rank's raw durations."""
+    from microbench.sweep.cases import rank_max, stats
+
     rows, samples = [], []
     for i, case in enumerate(cases):
         per_rank = [results[i][0] for _, results in gathered]
@@ -259,7 +275,7 @@ def case_level(case: Case, nodes: list[int]) -> str:
 def write_sweep(cases: list[Case], pattern: Pattern | None, backend: Any,
                 args: argparse.Namespace, gathered: list[tuple[str, list[Any]]],
                 ) -> dict[str, Any]:
-    from microbench.results.store import base_meta, csv_text, json_text, write_run
+    from microbench.results.store import base_meta, csv_text, json_text, write_run_or_keep
 
     rows, samples = sweep_rows(cases, gathered)
     hosts = [host for host, _ in gathered]
@@ -287,11 +303,12 @@ def write_sweep(cases: list[Case], pattern: Pattern | None, backend: Any,
     files = {"meta.json": json_text(meta), "sweep.csv": csv_text(rows, columns),
              "samples.csv": csv_text(samples, SAMPLE_COLUMNS), "summary.json": json_text(summary)}
     label = args.label or default_label(pattern, backend)
-    folder = write_run(args.out, label, files)
+    folder, error = write_run_or_keep(args.out, label, files)
     print(sweep_table(rows, head, hosts, pattern is not None))
     print(f"results: {folder}")
-    return {**{k: v for k, v in summary.items() if k != "rows"}, "results_dir": str(folder),
-            "rows": rows}
+    return {**{k: v for k, v in summary.items() if k != "rows"},
+            "results_dir": str(folder) if folder is not None else None, "rows": rows,
+            "write_error": error, "kept_dir": folder}
 
 
 def default_label(pattern: Pattern | None, backend: Any) -> str:

@@ -1,16 +1,24 @@
 """`--nproc N`: start N local ranks without a launcher (torch), or through the MPI library's
 own mpiexec (mpi), and make sure that when one rank fails every rank ends."""
 
+import contextlib
+import ctypes
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO, Any
 
 from microbench.argtypes import UsageError
+from microbench.ranks import notes
+from microbench.results.store import WRITE_ERROR_EXIT_STATUS
 
 # After the first rank fails, the others get this long to report their own error.
 GRACE_SECONDS = 5.0
@@ -48,7 +56,7 @@ def _base_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default; mpiexec sets none
     # A leftover launcher environment would make the children think they are already ranks.
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "PMI_RANK", "PMI_SIZE",
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "PMI_RANK", "PMI_SIZE", notes.LAUNCHER_VAR,
                 "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID"):
         env.pop(var, None)
     return env
@@ -68,49 +76,218 @@ def mpi_command(nproc: int, argv: list[str]) -> tuple[list[str], dict[str, str]]
     return [*cmd, sys.executable, "-m", "microbench", *argv], env
 
 
+class _Stopped(Exception):
+    """The launcher got SIGINT, SIGTERM or SIGHUP (Ctrl-C, `timeout`, a closed terminal)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, _frame: object) -> None:
+    raise _Stopped(signum)
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _child_setup(launcher_pid: int) -> Callable[[], None]:
+    """Run in each child before exec: SIGTERM it when the launcher dies (even by SIGKILL).
+
+    The kernel sends it when the launcher's thread that forked the child exits; the launcher
+    forks from its main thread, which lives as long as the launcher. The children run in their
+    own process group (Ctrl-C at a terminal reaches the launcher only, which ends them)."""
+    def setup() -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != launcher_pid:  # the launcher died before prctl took effect
+            os._exit(128 + signal.SIGTERM)
+    return setup
+
+
 def spawn_local(nproc: int, backend: str, argv: list[str]) -> int:
-    """Run `infercomm ARGV` as N local ranks; return the first failing rank's status, or 0."""
-    if backend == "mpi":
-        cmd, env = mpi_command(nproc, argv)
-        return _wait_all([subprocess.Popen(cmd, env=env)], ["mpiexec"])
-    else:
-        env = _base_env()
+    """Run `infercomm ARGV` as N local ranks; return the first failing rank's status, or 0.
+
+    Whatever ends the launcher ends the ranks: SIGINT, SIGTERM and SIGHUP are caught and every
+    rank is ended (exit 128+signal, one line); SIGKILL cannot be caught, so each rank's
+    sentinel polls the launcher and ends its rank, and direct children get PDEATHSIG."""
+    folder = notes.new_launch_dir()
+    env = _base_env()
+    env.update({notes.LAUNCHER_VAR: notes.launcher_identity(),
+                notes.LAUNCH_DIR_VAR: str(folder)})
+    procs: list[subprocess.Popen] = []
+    previous = {s: signal.signal(s, _raise_stopped) for s in STOP_SIGNALS}
+    common: dict[str, Any] = {"process_group": 0, "preexec_fn": _child_setup(os.getpid())}
+    try:
+        if backend == "mpi":
+            cmd, mpi_env = mpi_command(nproc, argv)
+            procs.append(subprocess.Popen(cmd, env={**mpi_env, **env}, stdout=subprocess.PIPE,
+                                          **common))
+            banner = _MpiBanner()
+            reader = threading.Thread(target=banner.forward, args=(procs[0].stdout,),
+                                      daemon=True)
+            reader.start()
+            status = _wait_all(procs, ["mpiexec"], folder)
+            reader.join(timeout=5)
+            return _mpi_status(status, banner, folder)
         env.update(WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-        procs = [subprocess.Popen([sys.executable, "-m", "microbench", *argv],
-                                  env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
-                 for r in range(nproc)]
-    return _wait_all(procs, [f"rank {r}" for r in range(nproc)])
+                   MASTER_ADDR=env.get("MASTER_ADDR") or "127.0.0.1",
+                   MASTER_PORT=str(master_port(env)))
+        for r in range(nproc):
+            procs.append(subprocess.Popen([sys.executable, "-m", "microbench", *argv],
+                                          env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                                          **common))
+        return _wait_all(procs, [f"rank {r}" for r in range(nproc)], folder)
+    except _Stopped as stopped:
+        for s in STOP_SIGNALS:  # a second Ctrl-C must not interrupt the clean-up
+            signal.signal(s, signal.SIG_IGN)
+        _end_all(procs)
+        what = ("interrupted" if stopped.signum == signal.SIGINT
+                else f"got {signal.Signals(stopped.signum).name}")
+        sys.stderr.write(f"infercomm: {what}; ended every rank\n")
+        return 128 + stopped.signum
+    finally:
+        _end_all(procs)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
-def _wait_all(procs: list[subprocess.Popen], names: list[str]) -> int:
+def master_port(env: dict[str, str]) -> int:
+    """The user's MASTER_PORT when set (respected, never replaced), else a free one."""
+    given = env.get("MASTER_PORT")
+    if not given:
+        return free_port()
+    if not given.isdigit() or not 0 < int(given) < 65536:
+        raise UsageError(f"MASTER_PORT={given!r} is not a port number; set it to 1-65535 "
+                         "or unset it to let --nproc pick a free port")
+    return int(given)
+
+
+def _wait_all(procs: list[subprocess.Popen], names: list[str], folder: Path) -> int:
     failed_at: float | None = None
     status = 0
-    try:
-        while True:
-            for name, p in zip(names, procs, strict=True):
-                code = p.poll()
-                if code not in (None, 0) and failed_at is None:
-                    failed_at, status = time.monotonic(), _exit_status(code)
-                    others = "; ending the other ranks" if len(procs) > 1 else ""
-                    sys.stderr.write(f"infercomm: error: {name} ended with "
-                                     f"{_describe(code)}{others}\n")
-            if all(p.poll() is not None for p in procs):
-                break
-            if failed_at is not None and time.monotonic() - failed_at > GRACE_SECONDS:
-                break
-            time.sleep(0.05)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+    while True:
+        for name, p in zip(names, procs, strict=True):
+            code = p.poll()
+            if code not in (None, 0) and failed_at is None and status == 0:
+                status = _exit_status(code)
+                wrong = notes.wrong_by_rank(folder)
+                if code == 1 and wrong:
+                    # Every call completed; the data was wrong. The other ranks end on their
+                    # own once rank 0 has written the results: no grace period, no kill.
+                    sys.stderr.write(check_failed_message(wrong))
+                    continue
+                if code == WRITE_ERROR_EXIT_STATUS:
+                    continue  # rank 0 measured, said where the run went; the others end well
+                failed_at = time.monotonic()
+                if name == "mpiexec":
+                    continue  # described once its output is read (_mpi_status)
+                others = "; ending the other ranks" if len(procs) > 1 else ""
+                sys.stderr.write(f"infercomm: error: {name} ended with "
+                                 f"{_describe(code)}{others}\n")
+        if all(p.poll() is not None for p in procs):
+            return status
+        if failed_at is not None and time.monotonic() - failed_at > GRACE_SECONDS:
+            return status
+        time.sleep(0.05)
+
+
+def _end_all(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM each child's process group (a rank and its sentinel; mpiexec, its proxies and
+    their ranks), then SIGKILL what is left after 5 s."""
+    alive = [p for p in procs if p.poll() is None]
+    for p in alive:
+        _signal_group(p, signal.SIGTERM)
+    deadline = time.monotonic() + 5
+    for p in alive:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=max(deadline - time.monotonic(), 0.1))
+    for p in alive:
+        _signal_group(p, signal.SIGKILL)  # stragglers in the group, and a leader that hung
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=5)
+
+
+def _signal_group(p: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(p.pid, sig)  # process_group=0 made the child the leader of group p.pid
+
+
+def check_failed_message(wrong: dict[int, int]) -> str:
+    where = ", ".join(f"rank {r}: {n:,}" for r, n in wrong.items() if n)
+    return (f"infercomm: error: --check found wrong data ({where} wrong elements): every call "
+            f"completed but delivered wrong values; the results are kept\n")
+
+
+class _MpiBanner:
+    """Forwards mpiexec's stdout (rank 0's table and JSON line) and keeps MPICH's banner
+    about a failed rank out of it, so stdout's last line stays the JSON object."""
+
+    _BANNER = ("=====", "=   ", "YOUR APPLICATION TERMINATED WITH THE EXIT STRING",
+               "This typically refers to a problem with your application",
+               "Please see the FAQ page for debugging suggestions")
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self.host = ""
+        self.exit_code: int | None = None
+        self.signal: int | None = None
+
+    def forward(self, stream: IO[bytes]) -> None:
+        blank = False  # MPICH prints a blank line before its banner: hold one back
+        out = sys.stdout.buffer
+        for raw in iter(stream.readline, b""):
+            line = raw.decode(errors="replace")
+            if line.startswith(self._BANNER):
+                self._parse(line)
+                blank = False
+                continue
+            if blank:
+                out.write(b"\n")
+            blank = line.strip() == ""
+            if not blank:
+                out.write(raw)
+            out.flush()
+        if blank:
+            out.write(b"\n")
+            out.flush()
+
+    def _parse(self, line: str) -> None:
+        if found := re.search(r"PID (\d+) RUNNING AT (\S+)", line):
+            self.pid, self.host = int(found.group(1)), found.group(2)
+        elif found := re.search(r"EXIT CODE: (\d+)", line):
+            self.exit_code = int(found.group(1))
+        elif found := re.search(r"\(signal (\d+)\)", line):
+            self.signal = int(found.group(1))
+
+
+def _mpi_status(status: int, banner: _MpiBanner, folder: Path) -> int:
+    """Name the rank and the signal MPICH reported (by pid), or say how mpiexec ended."""
+    if status in (0, WRITE_ERROR_EXIT_STATUS) or (status == 1 and notes.wrong_by_rank(folder)):
+        return status
+    if banner.pid is not None:
+        rank = notes.rank_of_pid(folder, banner.pid)
+        who = f"rank {rank}" if rank is not None else "a rank"
+        where = f"pid {banner.pid} on {banner.host}"
+        if banner.signal is not None:
+            sys.stderr.write(f"infercomm: error: {who} ({where}) was killed by signal "
+                             f"{_signal_name(banner.signal)}; mpiexec ended the other ranks\n")
+            return 128 + banner.signal
+        sys.stderr.write(f"infercomm: error: {who} ({where}) ended with exit status "
+                         f"{banner.exit_code}; mpiexec ended the other ranks\n")
+        return status
+    how = f"signal {_signal_name(status - 128)}" if status > 128 else f"exit status {status}"
+    sys.stderr.write(f"infercomm: error: mpiexec ended with {how}\n")
     return status
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return str(signum)
 
 
 def _exit_status(code: int) -> int:
@@ -119,5 +296,5 @@ def _exit_status(code: int) -> int:
 
 def _describe(code: int) -> str:
     if code < 0:
-        return f"signal {signal.Signals(-code).name}"
+        return f"signal {_signal_name(-code)}"
     return f"exit status {code}"

@@ -11,6 +11,10 @@ no line comes for `timeout` seconds, the interpreter is stuck: it prints the wat
 and kills the rank. At end of file (the rank ended, however it ended) it exits. It imports
 nothing heavy, so it starts in tens of milliseconds.
 
+Under `--nproc` it also polls the launcher twice a second and kills the rank when the launcher
+is gone (microbench/ranks/notes.py): a launcher killed by SIGKILL can end nobody itself, and
+MPI ranks are not its children, so only something beside each rank can end it.
+
     python -m microbench.ranks.sentinel PID TIMEOUT RANK COMMAND
 """
 
@@ -20,18 +24,33 @@ import signal
 import sys
 import time
 
+from microbench.ranks import notes
 from microbench.ranks.watchdog import no_progress_message
 
+LAUNCHER_POLL_SECONDS = 0.5
 
-def watch(fd: int, pid: int, timeout: float, rank: int, command: str) -> None:
-    """Read heartbeats from `fd` until end of file, or kill the rank when they stop."""
+
+def watch(fd: int, pid: int, timeout: float, rank: int, command: str,
+          launcher: str | None = None) -> None:
+    """Read heartbeats from `fd` until end of file, or kill the rank when they stop, or when
+    the `--nproc` launcher (`launcher`, "PID:START") is gone."""
     where = "start-up"
     pending = b""
     last_beat = time.monotonic()
     while True:
         left = last_beat + timeout - time.monotonic()
-        ready, _, _ = select.select([fd], [], [], max(left, 0.0))
+        wait = min(left, LAUNCHER_POLL_SECONDS) if launcher else left
+        ready, _, _ = select.select([fd], [], [], max(wait, 0.0))
+        if launcher and not notes.launcher_alive(launcher):
+            sys.stderr.write(f"infercomm {command}: error: rank {rank}: its launcher (pid "
+                             f"{launcher.partition(':')[0]}) ended; ending the rank\n")
+            sys.stderr.flush()
+            os.kill(pid, signal.SIGKILL)
+            notes.remove_launch_dir()
+            return
         if not ready:
+            if time.monotonic() - last_beat < timeout:
+                continue  # woke up to look at the launcher
             sys.stderr.write(no_progress_message(command, rank, timeout, where,
                                                  "the interpreter is stuck in a library call"))
             sys.stderr.flush()
@@ -39,6 +58,8 @@ def watch(fd: int, pid: int, timeout: float, rank: int, command: str) -> None:
             return
         chunk = os.read(fd, 4096)
         if not chunk:
+            if launcher and not notes.launcher_alive(launcher):
+                notes.remove_launch_dir()  # the rank ended with its killed launcher
             return
         last_beat = time.monotonic()
         lines = (pending + chunk).split(b"\n")
@@ -52,7 +73,8 @@ def main(argv: list[str]) -> int:
     # Terminal signals meant for the rank's process group (Ctrl-C) are the rank's to handle;
     # this process ends with it through end of file.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    watch(sys.stdin.fileno(), pid, timeout, rank, command)
+    watch(sys.stdin.fileno(), pid, timeout, rank, command,
+          os.environ.get(notes.LAUNCHER_VAR) or None)
     return 0
 
 

@@ -16,6 +16,8 @@ import sys
 import threading
 import time
 
+from microbench.ranks import notes
+
 TIMEOUT_EXIT_STATUS = 124  # as timeout(1)
 
 
@@ -41,6 +43,7 @@ class Watchdog:
 
     def start(self) -> "Watchdog":
         # Before any backend is opened: forking after MPI or CUDA initialisation is unsafe.
+        notes.note_rank(self.rank)  # lets a --nproc launcher name this rank by its pid
         self._sentinel = subprocess.Popen(
             [sys.executable, "-m", "microbench.ranks.sentinel", str(os.getpid()),
              f"{self.timeout:g}", str(self.rank), self.command],

@@ -1,13 +1,16 @@
 """Rank 0 turns every rank's samples into the run folder, the table and the last JSON line."""
 
 import argparse
+from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from microbench.backends import Backend
 from microbench.replay import aggregate
 from microbench.replay.plan import Plan
 from microbench.replay.replayer import RankSamples
-from microbench.results.store import base_meta, csv_text, json_text, write_run
+from microbench.results.store import base_meta, csv_text, json_text, write_run_or_keep
 from microbench.views.pattern import pattern_summary, title
 from microbench.views.replay import replay_table
 from patterns import Pattern
@@ -15,38 +18,32 @@ from patterns.summary import engine_transport_calls
 
 ITERATION_COLUMNS = ["iteration", "prefill_us", "decode_us", "e2e_us", "decode_step_mean_us",
                      "decode_step_median_us", "decode_step_p99_us", "decode_step_max_us"]
-OP_COLUMNS = ["iteration", "rank", "stage", "phase", "step", "call", "op", "tag", "group",
-              "bytes", "time_us"]
 
 
-def _ops_rows(pattern: Pattern, ranks: list[RankSamples]) -> list[dict[str, Any]]:
-    rows = []
-    for samples in ranks:
-        calls = []
-        step = 0
-        for run in pattern.runs_of_rank(samples.rank):
-            for _ in range(run.repeat):
-                calls += [(run.phase.value, step, index, op)
-                          for index, op in enumerate(run.step.ops)]
-                step += 1
-        times = aggregate.op_times(samples)
-        for i, per_call in enumerate(times):
-            for (phase, step, index, op), t in zip(calls, per_call, strict=True):
-                rows.append({"iteration": i, "rank": samples.rank, "stage": samples.stage,
-                             "phase": phase, "step": step, "call": index, "op": op.kind.value,
-                             "tag": op.tag, "group": op.group, "bytes": op.bytes,
-                             "time_us": round(float(t), 3)})
-    return rows
+def _by_op_kind(ranks: list[RankSamples]) -> dict[str, Any]:
+    """Per op kind: calls per inference and time per inference (median; slowest rank), from
+    the per-kind sums each rank kept (--timing op)."""
+    result = {}
+    kinds = sorted({kind for r in ranks for kind in r.kind_calls or {}})
+    for kind in kinds:
+        per_rank, calls = [], 0
+        for r in ranks:
+            rank_kinds = sorted(r.kind_calls or {})
+            if kind in rank_kinds and r.kind_times is not None:
+                per_rank.append(r.kind_times[:, rank_kinds.index(kind)])
+                calls = max(calls, (r.kind_calls or {})[kind])
+        slowest = np.max(per_rank, axis=0)
+        result[kind] = {"calls": calls, "time_us": float(np.median(slowest))}
+    return result
 
 
 def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.Namespace,
-                 gathered: list[tuple[RankSamples, list[str]]]) -> dict[str, Any]:
-    ranks = [samples for samples, _ in gathered]
+                 ranks: list[RankSamples], ops_csv: Path | None = None,
+                 ops_error: OSError | None = None) -> dict[str, Any]:
     steps = pattern.workload.decode_steps
     figures = aggregate.per_iteration(ranks, plan.prefill_steps)
     head = aggregate.headline(figures, steps)
-    by_op = (aggregate.by_op_kind(ranks, [kinds for _, kinds in gathered])
-             if args.timing == "op" else {})
+    by_op = _by_op_kind(ranks) if args.timing == "op" else {}
     wrongs = [s.wrong for s in ranks]
     wrong = None if any(w is None for w in wrongs) else sum(wrongs)
     calls = max(pattern.calls_per_inference(s) for s in range(pattern.layout.pp))
@@ -73,17 +70,22 @@ def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.
             "versions": backend.versions(), "timing": args.timing, "graph": args.graph,
             "iterations": args.iters,
             "warmup": args.warmup, "check": args.check, "timeout_s": args.timeout,
-            "pattern": pattern_summary(pattern)}
-    files = {"meta.json": json_text(meta),
+            "pattern": pattern_summary(pattern),
+            "peak_rss_kib": getattr(args, "peak_rss_kib", None)}
+    files: dict[str, str | Path] = {"meta.json": json_text(meta),
              "iterations.csv": csv_text(aggregate.iteration_rows(figures, steps),
                                         ITERATION_COLUMNS)}
-    if args.timing == "op":
-        files["ops.csv"] = csv_text(_ops_rows(pattern, ranks), OP_COLUMNS)
+    if ops_csv is not None and ops_error is None:
+        files["ops.csv"] = ops_csv  # streamed there by op_samples.gather_to_csv
     label = args.label or default_label(pattern, backend.name)
     files["summary.json"] = json_text(summary)
-    folder = write_run(args.out, label, files)
-    # The folder's name is known once it is in place; the last line carries it.
-    summary["results_dir"] = str(folder)
+    folder, summary["write_error"] = write_run_or_keep(args.out, label, files)
+    if ops_error is not None and summary["write_error"] is None:
+        summary["write_error"] = ops_error  # the run lacks ops.csv: report it as unwritten
+    # The folder's name is known once it is in place; the last line carries it. After a
+    # write error it names where the run was kept instead (None if nowhere could take it).
+    summary["results_dir"] = str(folder) if folder is not None else None
+    summary["kept_dir"] = folder
     print(replay_table(summary, header_title(pattern)))
     last_keys = ["backend", "transport", "device", "world_size", "model", "engine", "tp", "pp",
                  "dp", "ep", "prompt", "decode", "batch", "dtype", "iterations", "timing",

@@ -10,6 +10,7 @@ from typing import Any
 
 from microbench.backends import Backend, BoundCall, Group
 from patterns import Op, OpKind, Pattern, Phase
+from patterns.dtypes import dtype_bytes
 from patterns.groups import GROUP_KINDS, group_size, groups
 
 
@@ -91,6 +92,36 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
+Role = tuple[str, tuple[int, ...]] | None  # (buffer role, shape), or no buffer
+
+
+def buffer_roles(op: Op, is_root: bool) -> tuple[Role, Role]:
+    """The (send, recv) buffers one call uses: one place for the plan and the estimate."""
+    match op.kind:
+        case OpKind.ALLREDUCE | OpKind.BROADCAST:
+            return ("inout", op.shape), None
+        case OpKind.SEND:
+            return ("in", op.shape), None
+        case OpKind.RECV:
+            return None, ("recv", op.shape)
+        case OpKind.GATHER:
+            return ("in", op.shape), (("out", op.out_shape) if is_root else None)
+        case _:  # allgather, reducescatter, alltoall
+            return ("in", op.shape), ("out", op.out_shape)
+
+
+def buffer_bytes(pattern: Pattern, rank: int) -> int:
+    """Bytes of the buffers `rank` allocates (counting a gather's output, which only the root
+    allocates), computed from the pattern before anything is allocated."""
+    keys = set()
+    for run in pattern.runs_of_rank(rank):
+        for op in run.step.ops:
+            for role in buffer_roles(op, is_root=True):
+                if role is not None:
+                    keys.add((role[0], _numel(role[1]), op.dtype))
+    return sum(numel * dtype_bytes(dtype) for _, numel, dtype in keys)
+
+
 def build_plan(pattern: Pattern, backend: Backend) -> Plan:
     mine = make_groups(pattern, backend)
     stage = pattern.layout.stage_of(backend.rank)
@@ -108,21 +139,9 @@ def build_plan(pattern: Pattern, backend: Backend) -> Plan:
         if op in bound:
             return bound[op]
         group = mine[op.group]
-        send = recv = None
-        match op.kind:
-            case OpKind.ALLREDUCE | OpKind.BROADCAST:
-                send = buffer("inout", op.shape, op.dtype)
-            case OpKind.SEND:
-                send = buffer("in", op.shape, op.dtype)
-            case OpKind.RECV:
-                recv = buffer("recv", op.shape, op.dtype)
-            case OpKind.GATHER:
-                send = buffer("in", op.shape, op.dtype)
-                if group.index == op.root:
-                    recv = buffer("out", op.out_shape, op.dtype)
-            case _:  # allgather, reducescatter, alltoall
-                send = buffer("in", op.shape, op.dtype)
-                recv = buffer("out", op.out_shape, op.dtype)
+        send_role, recv_role = buffer_roles(op, is_root=group.index == op.root)
+        send = buffer(*send_role, op.dtype) if send_role else None
+        recv = buffer(*recv_role, op.dtype) if recv_role else None
         target = op.peer if op.peer is not None else op.root
         call = (backend.bind(op.kind.value, group, send, recv, target, op.counts)
                 if op.counts is not None else

@@ -19,8 +19,6 @@ from microbench.replay import check
 from microbench.replay.plan import Plan
 from microbench.replay.timing import make_marks
 
-LEVELS = ("inference", "step", "op")
-
 
 @dataclass
 class RankSamples:
@@ -34,6 +32,10 @@ class RankSamples:
     prefill_mark: int  # index of the mark that ends the prefill
     step_marks: list[int]  # index of the mark that ends each step (step and op levels)
     wrong: int | None
+    # --timing op: marks are kept per step (as --timing step); each call's time went to an
+    # OpSampleFile, and per inference the summed time of each op kind ([iterations, kinds]).
+    kind_times: np.ndarray | None = None
+    kind_calls: dict[str, int] | None = None  # calls of each kind per inference
 
 
 class Replayer:
@@ -54,9 +56,22 @@ class Replayer:
         elif level == "step":
             self.prefill_mark = plan.prefill_steps
             self.step_marks = list(range(1, steps + 1))
-        else:
-            self.prefill_mark = plan.prefill_calls
-            self.step_marks = list(np.cumsum(plan.step_call_counts()).tolist())
+        else:  # call marks are taken, then reduced to step marks after each inference
+            self.prefill_mark = plan.prefill_steps
+            self.step_marks = list(range(1, steps + 1))
+            self._step_ends = np.concatenate([[0], np.cumsum(plan.step_call_counts())])
+            kinds = [op.op.kind.value for run in plan.runs for op in run.ops]
+            self.kinds = sorted(set(kinds))
+            per_step = [[self.kinds.index(op.op.kind.value) for op in run.ops]
+                        for run in plan.runs]
+            self._kind_of_call = np.array([k for run, ks in zip(plan.runs, per_step, strict=True)
+                                           for _ in range(run.repeat) for k in ks],
+                                          dtype=np.int16)
+            self.kind_calls = {kind: int((self._kind_of_call == k).sum())
+                               for k, kind in enumerate(self.kinds)}
+            self.kind_times: list[np.ndarray] = []
+            from microbench.replay.op_samples import OpSampleFile
+            self.op_file = OpSampleFile()
         fault = faults.step_fault(backend.rank)
         if fault is not None:
             plan.add_to_every_step(_count_then(fault[0], fault[1]))
@@ -109,6 +124,12 @@ class Replayer:
             self.watchdog.where = f"{'warm-up' if i < warmup else 'timed'} inference {i + 1}"
             marks = self.inference()
             if i >= warmup:
+                if self.level == "op":  # outside the timed region: the next barrier waits
+                    durations = np.diff(marks)
+                    self.op_file.append(durations)
+                    self.kind_times.append(np.bincount(self._kind_of_call, weights=durations,
+                                                       minlength=len(self.kinds)))
+                    marks = marks[self._step_ends]
                 samples.append(marks)
             now = time.monotonic()
             if progress and now - start > 3 and now - last_report > 2 and i + 1 < total:

@@ -1,13 +1,16 @@
 """Run folders: `<out>/<UTC timestamp>-<label>/`, written atomically, never overwritten."""
 
 import csv
+import errno
 import io
 import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -67,11 +70,48 @@ def _slug(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", label).strip("-") or "run"
 
 
-def write_run(out_dir: str | Path, label: str, files: dict[str, str]) -> Path:
+# Exit status of a run measured but not written where asked (sysexits' EX_IOERR): apart from
+# a failed --check (1), bad input (2) and a rank ended by a signal (128+N).
+WRITE_ERROR_EXIT_STATUS = 74
+
+
+def fallback_dir() -> Path:
+    """Where a run goes when its --out cannot take it: the system's temporary folder."""
+    return Path(tempfile.gettempdir()) / "infercomm-unsaved"
+
+
+def write_error_message(command: str, out: str | Path, err: OSError,
+                        kept: Path | None) -> str:
+    code = errno.errorcode.get(err.errno or 0, "")
+    reason = f"{err.strerror or err} ({code})" if code else f"{err.strerror or err}"
+    where = err.filename or out
+    saved = (f"the results were kept in {kept}" if kept is not None
+             else "nothing could be kept; the summary above is all there is")
+    return (f"infercomm {command}: error: could not write the results into {out}: {reason} "
+            f"at {where}; {saved}\n")
+
+
+def write_run_or_keep(out_dir: str | Path, label: str,
+                      files: dict[str, str | Path]) -> tuple[Path | None, OSError | None]:
+    """write_run into `out_dir`; on a write error (a full disk...), into fallback_dir().
+
+    Returns (folder written or None, the error that kept the run out of `out_dir` or None).
+    """
+    try:
+        return write_run(out_dir, label, files), None
+    except OSError as err:
+        try:
+            return write_run(fallback_dir(), label, files), err
+        except OSError:
+            return None, err
+
+
+def write_run(out_dir: str | Path, label: str, files: dict[str, str | Path]) -> Path:
     """Write every file into a hidden folder, then rename it into place in one step.
 
     A reader never sees a half-written run, and an existing run is never replaced: on a name
-    clash the new run gets a numeric suffix.
+    clash the new run gets a numeric suffix. On a write error the hidden folder is removed
+    and the error (naming the file) is raised: nothing is left on a full disk.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -79,8 +119,22 @@ def write_run(out_dir: str | Path, label: str, files: dict[str, str]) -> Path:
     name = f"{stamp}-{_slug(label)}"
     tmp = out / f".tmp-{name}-{os.getpid()}"
     tmp.mkdir()
-    for filename, text in files.items():
-        (tmp / filename).write_text(text)
+    try:
+        for filename, text in files.items():
+            try:
+                if isinstance(text, Path):  # a file written beforehand (ops.csv): copy it
+                    shutil.copyfile(text, tmp / filename)
+                    continue
+                with open(tmp / filename, "w") as f:  # close() is where a full disk may show
+                    f.write(text)
+            except OSError as err:
+                # A failed write or close names no file, a failed copy names its source:
+                # name the file that could not be written, where it was to be.
+                err.filename = str(out / name / filename)
+                raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     for attempt in range(1, 1000):
         final = out / (name if attempt == 1 else f"{name}-{attempt}")
         try:
@@ -91,6 +145,7 @@ def write_run(out_dir: str | Path, label: str, files: dict[str, str]) -> Path:
             return final
         except OSError:
             continue
+    shutil.rmtree(tmp, ignore_errors=True)
     raise FileExistsError(f"no free run folder name for {name} in {out}")
 
 

@@ -95,6 +95,7 @@ def generate(engine: str, model: ModelConfig, layout: Layout, workload: Workload
         raise ConfigError(f"a2a {options.a2a} exchanges a MoE model's tokens between DP ranks: "
                           f"it needs --dp N (N > 1) and --ep (here dp({layout.dp}), ep "
                           f"{layout.ep}, {model.name})")
+    model.check_sequence(workload.prompt, workload.decode)
     if workload.dtype is None:
         workload = replace(workload, dtype=model.default_dtype)
     options = options or EngineOptions()

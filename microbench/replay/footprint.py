@@ -1,0 +1,62 @@
+"""How much memory a replay will take, known from the pattern before anything is allocated.
+
+A batch or a sequence far beyond the machine would otherwise fail inside an allocation after
+the ranks have started (or swap the machine to a halt): say so up front, with the figures.
+"""
+
+from pathlib import Path
+
+from microbench.argtypes import UsageError
+from microbench.replay.plan import buffer_bytes
+from microbench.views.textfmt import format_bytes
+from patterns import Pattern
+
+# A CPU mark is a Python int in a preallocated list (28-byte int + 8-byte slot), and each
+# timed inference keeps its marks as float64 (8 bytes).
+MARK_BYTES, SAMPLE_BYTES = 36, 8
+
+
+def marks_per_inference(pattern: Pattern, rank: int, timing: str) -> int:
+    runs = pattern.runs_of_rank(rank)
+    if timing == "op":
+        return 1 + sum(len(run.step.ops) * run.repeat for run in runs)
+    if timing == "step":
+        return 1 + sum(run.repeat for run in runs)
+    return 3
+
+
+def rank_bytes(pattern: Pattern, rank: int, timing: str, iterations: int) -> tuple[int, int]:
+    """(buffer bytes, timing bytes) of one rank. --timing op marks every call of one
+    inference, then keeps its step marks only (each call's time goes to disk)."""
+    marks = marks_per_inference(pattern, rank, timing)
+    kept = marks_per_inference(pattern, rank, "step") if timing == "op" else marks
+    return buffer_bytes(pattern, rank), marks * MARK_BYTES + kept * SAMPLE_BYTES * iterations
+
+
+def available_host_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo (Linux); None where it cannot be read."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_fits(pattern: Pattern, ranks: list[int], timing: str, iterations: int,
+               available: int | None, where: str) -> None:
+    """Refuse (UsageError) when the buffers and timing marks of `ranks` exceed `available`."""
+    if available is None:
+        return
+    buffers = timing_bytes = 0
+    for rank in ranks:
+        b, t = rank_bytes(pattern, rank, timing, iterations)
+        buffers, timing_bytes = buffers + b, timing_bytes + t
+    need = buffers + timing_bytes
+    if need > available:
+        count = f"{len(ranks)} ranks" if len(ranks) > 1 else f"rank {ranks[0]}"
+        raise UsageError(
+            f"the replay needs about {format_bytes(need)} of {where} for {count} (buffers "
+            f"{format_bytes(buffers)}, timing marks {format_bytes(timing_bytes)}) but "
+            f"{format_bytes(available)} are available; lower --batch, --prompt, --decode or -n")

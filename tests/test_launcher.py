@@ -1,0 +1,146 @@
+"""The `--nproc` launcher and its ranks end together, and failures are named (issue 9, 1-3).
+
+Every process of a run carries the test's marker in its environment (mpiexec and its proxy
+pass the environment on), so a scan of /proc/*/environ finds the launcher, mpiexec, the
+proxy, the ranks and their sentinels, whoever their parent is.
+"""
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.replay_helpers import infercomm, last_json, needs_mpi, tiny_model
+
+BACKENDS = ["torch", pytest.param("mpi", marks=needs_mpi)]
+# Processes of a started run: launcher + 2 ranks + 2 sentinels (torch);
+# launcher + mpiexec + its proxy + 2 ranks + 2 sentinels (mpi).
+STARTED = {"torch": 5, "mpi": 7}
+
+
+def run_processes(marker: str) -> list[int]:
+    """Pids of live processes whose environment holds `marker`."""
+    found = []
+    needle = f"INFERCOMM_TEST_RUN={marker}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle not in (entry / "environ").read_bytes():
+                continue
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def kill_leftovers(marker: str) -> None:
+    for pid in run_processes(marker):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def start_long_replay(tmp_path: Path, backend: str, marker: str) -> subprocess.Popen:
+    """The issue's command shape: setsid, a decode far longer than the test, -n 1 -w 0."""
+    model = tiny_model(tmp_path)
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "INFERCOMM_TEST_RUN": marker,
+           "TMPDIR": str(tmp_path / "tmp")}
+    return subprocess.Popen(
+        ["setsid", sys.executable, "-m", "microbench", "replay", "--nproc", "2", "--backend",
+         backend, "--device", "cpu", "--model", model, "--tp", "2", "--prompt", "16",
+         "--decode", "200000", "-n", "1", "-w", "0", "--out", str(tmp_path / "o")],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_started(marker: str, count: int, launcher: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while len(run_processes(marker)) < count:
+        assert launcher.poll() is None, launcher.communicate()
+        assert time.monotonic() < deadline, "the ranks did not start in 60 s"
+        time.sleep(0.2)
+    time.sleep(1.0)  # ranks past start-up, into the replay
+
+
+def wait_gone(marker: str, seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while (left := run_processes(marker)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_killing_the_launcher_ends_every_process_of_the_run(tmp_path, backend, sig):
+    marker = uuid.uuid4().hex
+    launcher = start_long_replay(tmp_path, backend, marker)
+    try:
+        wait_started(marker, STARTED[backend], launcher)
+        launcher.send_signal(sig)  # setsid execs python in place: this is the launcher
+        launcher.wait(timeout=10)
+        left = wait_gone(marker, 10)
+        assert left == [], f"processes of the run left 10 s after {sig.name}: {left}"
+        assert not list((tmp_path / "o").glob("2*")), "nobody reads a run that was stopped"
+        # The launcher's notes folder goes too: after SIGKILL, the ranks' sentinels remove it
+        # (torch), or the next launch does (mpi: mpiexec kills the sentinels with the ranks).
+        if backend == "mpi":
+            proc, _ = infercomm("replay", "--model", tiny_model(tmp_path), "--tp", "2",
+                                "--prompt", "4", "--decode", "2", "-n", "1", "-w", "0",
+                                "--device", "cpu", "--out", str(tmp_path / "next"),
+                                env={"TMPDIR": str(tmp_path / "tmp")})
+            assert proc.returncode == 0, proc.stderr
+        assert not list(Path(tmp_path / "tmp").glob("infercomm-launch-*"))
+    finally:
+        kill_leftovers(marker)
+        launcher.kill()
+        launcher.communicate()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ctrl_c_prints_one_line_exits_130_and_ends_every_rank(tmp_path, backend):
+    marker = uuid.uuid4().hex
+    launcher = start_long_replay(tmp_path, backend, marker)
+    try:
+        wait_started(marker, STARTED[backend], launcher)
+        os.killpg(launcher.pid, signal.SIGINT)  # a terminal's Ctrl-C: the foreground group
+        _out, err = launcher.communicate(timeout=15)
+        assert launcher.returncode == 130  # 128 + SIGINT(2), as a shell reports it
+        assert err.splitlines() == ["infercomm: interrupted; ended every rank"], err
+        assert wait_gone(marker, 10) == []
+    finally:
+        kill_leftovers(marker)
+        launcher.kill()
+        launcher.communicate()
+
+
+@needs_mpi
+def test_a_rank_killed_under_mpi_is_named_with_its_signal(tmp_path):
+    model = tiny_model(tmp_path)
+    proc, _ = infercomm("replay", "--model", model, "--tp", "2", "--prompt", "8", "--decode",
+                        "1000", "-n", "1", "-w", "0", "--backend", "mpi", "--device", "cpu",
+                        "--out", str(tmp_path), env={"INFERCOMM_FAULT": "kill:1:3"})
+    assert proc.returncode == 128 + 9, proc.stderr  # SIGKILL is 9
+    assert ("infercomm: error: rank 1 (pid " in proc.stderr
+            and "was killed by signal SIGKILL; mpiexec ended the other ranks" in proc.stderr)
+    assert "exit status 9" not in proc.stderr
+    assert "BAD TERMINATION" not in proc.stdout  # MPICH's banner stays off stdout
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_check_failure_says_the_data_was_wrong(tmp_path, backend):
+    model = tiny_model(tmp_path)
+    proc, _ = infercomm("replay", "--model", model, "--tp", "2", "--prompt", "8", "--decode",
+                        "4", "-n", "1", "-w", "0", "--backend", backend, "--device", "cpu",
+                        "--out", str(tmp_path), "--check", env={"INFERCOMM_FAULT": "corrupt:1"})
+    assert proc.returncode == 1
+    assert "--check found wrong data" in proc.stderr
+    assert "ended with exit status 1" not in proc.stderr  # not a crash
+    assert last_json(proc.stdout)["wrong"] > 0  # stdout still ends with the JSON line
