@@ -6,8 +6,8 @@
 What `infercomm pattern` does (generate, aggregate rows, compute the volume) for
 llama-3.1-70b tp=4 pp=2 batch=8 prompt=512 at Sd from 2 to 130,560 (the model's 131,072
 positions), and the large case llama-3.1-405b tp=8 pp=2 batch=16 prompt=2480 decode=2048.
-After the table: Sd=130,560 / Sd=2 (flat means about 1). The engine is the CLI's default; `BENCH_ENGINE=sglang make bench` picks
-another.
+After the table: Sd=130,560 / Sd=2 (flat means about 1). The engine is the CLI's default;
+`BENCH_ENGINE=sglang make bench` picks another.
 """
 
 import os
