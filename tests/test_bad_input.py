@@ -51,9 +51,10 @@ def test_a_sequence_beyond_the_models_positions_is_refused_naming_both(tmp_path)
 def test_buffers_beyond_memory_are_refused_before_any_rank_starts(tmp_path):
     # llama-3.1-8b TP2, batch 10**9, prompt 1: the prefill all-reduce alone is
     # 10**9 x 4096 x 2 bytes = 8 TB per rank, beyond any host.
-    proc, _ = infercomm("replay", "--model", "llama-3.1-8b", "--tp", "2", "--prompt", "1",
-                              "--decode", "2", "--batch", str(10**9), "--device", "cpu",
-                              "--out", str(tmp_path / "o"), timeout=60)
+    # vllm-v0: the default engine (vllm) refuses a batch above max_num_seqs first.
+    proc, _ = infercomm("replay", "--engine", "vllm-v0", "--model", "llama-3.1-8b", "--tp", "2",
+                        "--prompt", "1", "--decode", "2", "--batch", str(10**9),
+                        "--device", "cpu", "--out", str(tmp_path / "o"), timeout=60)
     one_line_refusal(proc, "host memory for 2 ranks", "lower --batch")
     assert not (tmp_path / "o").exists()
 
