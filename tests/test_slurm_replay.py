@@ -25,6 +25,7 @@ def srun_replay(env: dict, tmp: Path, backend: str, mpi: str, *extra: str,
     # --kill-on-bad-exit=1, as in slurm/*.sbatch: a task that dies ends the step at once.
     cmd = ["srun", f"--kill-on-bad-exit={int(kill_on_bad_exit)}", "-N", "2", "-n", "4",
            f"--mpi={mpi}", sys.executable, "-m", "microbench", "replay",
+           "--engine", "vllm-v0",  # EXPECTED_CALLS are V0's (tests/test_replay.py)
            "--model", tiny_model(tmp), "--tp", "2", "--pp", "2", "--prompt", "8",
            "--decode", "4", "--backend", backend, "--device", "cpu", "-n", "2", "-w", "1",
            "--timeout", "60", "--out", str(tmp / "res"), *extra]
