@@ -37,7 +37,7 @@ from patterns.dp_steps import SGLANG_IDLE_STEP, RankStep, align_dp_runs, build_r
 from patterns.dtypes import dtype_bytes
 from patterns.engines import EngineInfo, register
 from patterns.engines.stage import Stage, merge, pad_to, run, stages
-from patterns.engines.vllm import pp_slice
+from patterns.engines.vllm import PP_KEYS, pp_receive
 from patterns.errors import ConfigError
 from patterns.layout import Layout, Workload
 from patterns.models import ModelConfig, mlp_module
@@ -98,15 +98,7 @@ def forward(st: Stage, tokens: int, rows: int, logit_rows: int | None = None) ->
     """One forward pass of T = `tokens`, sampling `rows` requests; the logits cover
     `logit_rows` rows (the padded batch under a decode graph, else `rows`)."""
     logit_rows = rows if logit_rows is None else logit_rows
-    ops: list[Op] = []
-    shape, gathered = pp_slice(st, tokens)
-    keys = ("hidden_states", "residual")
-    if not st.is_first:
-        for key in keys:
-            ops.append(st.p2p(OpKind.RECV, shape, f"pp.{key}", peer=st.index - 1))
-            if gathered:
-                ops.append(st.tp_op(OpKind.ALLGATHER, shape, (tokens, st.h),
-                                    f"pp.{key}.allgather"))
+    ops, shape = pp_receive(st, tokens)
     if st.tp > 1:
         if st.is_first:
             ops.append(_allreduce(st, tokens, "embed_tokens"))
@@ -115,7 +107,7 @@ def forward(st: Stage, tokens: int, rows: int, logit_rows: int | None = None) ->
             ops += (moe_layer_ops(st, layer, tokens) if st.model.is_moe_layer(layer) else
                     [_allreduce(st, tokens, f"layers.{layer}.{mlp_module(st.model, layer)}")])
     if not st.is_last:
-        ops += [st.p2p(OpKind.SEND, shape, f"pp.{key}", peer=st.index + 1) for key in keys]
+        ops += [st.p2p(OpKind.SEND, shape, f"pp.{key}", peer=st.index + 1) for key in PP_KEYS]
     elif st.tp > 1:
         shard = padded_vocab(st.model.vocab_size) // st.tp
         transport = sglang_logits_allgather(logit_rows, st.dtype, st.options.gpu,

@@ -139,24 +139,34 @@ def pp_slice(st: Stage, tokens: int) -> tuple[tuple[int, ...], bool]:
     return (tokens, st.h), False
 
 
-def forward(st: Stage, tokens: int, rows: int, vocab_multiple: int = 64) -> list[Op]:
-    """Model calls of one forward pass of T = `tokens` over R = `rows` requests."""
-    ops: list[Op] = []
+PP_KEYS = ("hidden_states", "residual")
+
+
+def pp_receive(st: Stage, tokens: int) -> tuple[list[Op], tuple[int, ...]]:
+    """A later stage's receive of `irecv_tensor_dict(all_gather_group=tp)` (SGLang's
+    `recv_tensor_dict` too): per key a recv of the TP slice, then a TP all-gather rebuilding
+    [T, h]; nothing on the first stage. Also the shape this step's sends take."""
     shape, gathered = pp_slice(st, tokens)
-    keys = ("hidden_states", "residual")
+    ops: list[Op] = []
     if not st.is_first:
-        for key in keys:
+        for key in PP_KEYS:
             ops.append(st.p2p(OpKind.RECV, shape, f"pp.{key}", peer=st.index - 1))
             if gathered:
                 ops.append(st.tp_op(OpKind.ALLGATHER, shape, (tokens, st.h),
                                     f"pp.{key}.allgather"))
+    return ops, shape
+
+
+def forward(st: Stage, tokens: int, rows: int, vocab_multiple: int = 64) -> list[Op]:
+    """Model calls of one forward pass of T = `tokens` over R = `rows` requests."""
+    ops, shape = pp_receive(st, tokens)
     if st.tp > 1 and st.is_first:
         ops.append(_allreduce(st, tokens, "embed_tokens"))
     if st.tp > 1 or exchanges_tokens(st.layout):  # MoE layers exchange tokens at dp > 1
         for layer in st.layers:
             ops += _layer_ops(st, layer, tokens)
     if not st.is_last:
-        ops += [st.p2p(OpKind.SEND, shape, f"pp.{key}", peer=st.index + 1) for key in keys]
+        ops += [st.p2p(OpKind.SEND, shape, f"pp.{key}", peer=st.index + 1) for key in PP_KEYS]
     elif st.tp > 1:
         shard = padded_vocab(st.model.vocab_size, vocab_multiple) // st.tp
         ops.append(st.tp_op(OpKind.ALLGATHER, (rows, shard), (rows, shard * st.tp), "logits"))

@@ -10,6 +10,7 @@ TP rank 0, since `use_all_gather()` is False for V0 on GPUs), `distributed/utils
 """
 
 from patterns.engines import EngineInfo, register
+from patterns.engines.stage import merge
 from patterns.layout import Layout, Workload
 from patterns.models import ModelConfig, mlp_module
 from patterns.ops import Op, OpKind, Phase, Step
@@ -106,17 +107,6 @@ class _StageBuilder:
         return ops
 
 
-def _merge(runs: list[Run]) -> list[Run]:
-    """Fold consecutive runs of equal steps into one."""
-    merged: list[Run] = []
-    for run in runs:
-        if merged and merged[-1].phase == run.phase and merged[-1].step == run.step:
-            merged[-1] = Run(run.phase, run.step, merged[-1].repeat + run.repeat)
-        else:
-            merged.append(run)
-    return merged
-
-
 def _decode_block_cols(prompt: int, steps: int) -> list[tuple[int, int]]:
     """(block-table width, steps) for eager decode steps 1..steps, one entry per width.
 
@@ -152,7 +142,7 @@ def _stage_runs(builder: _StageBuilder, workload: Workload, options: EngineOptio
 
     steps = workload.decode_steps
     if steps == 0:
-        return _merge(runs)
+        return merge(runs)
     graphed = not options.eager and batch <= MAX_GRAPH_BATCH
     tokens = graph_batch_size(batch) if graphed else batch
     model_ops = tuple(builder.forward(tokens, batch))
@@ -167,7 +157,7 @@ def _stage_runs(builder: _StageBuilder, workload: Workload, options: EngineOptio
                      for cols, repeat in _decode_block_cols(prompt, steps)]
     for ctrl, repeat in segments:
         runs.append(Run(Phase.DECODE, Step(ctrl + model_ops, tokens, batch), repeat))
-    return _merge(runs)
+    return merge(runs)
 
 
 INFO = EngineInfo(
