@@ -98,8 +98,7 @@ def valid_layouts(model: ModelConfig, gpus: int) -> tuple[list[Shape], list[str]
 
 
 def price(pattern: Pattern, shape: Shape, topology: Topology, budget: Budget) -> Priced:
-    topology.used.clear()
-    topology.fits_seen.clear()
+    topology.reset()
     predicted, notes = predict_pattern(pattern, topology, token_order=True)
     prefill, step = predicted["prefill_us"], predicted.get("decode_step_us", 0.0)
     return Priced(shape, prefill, step, predicted["e2e_us"],

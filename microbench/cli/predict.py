@@ -147,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
         *[f"WARNING: {w}" for w in warnings]]))
     last: dict[str, Any] = {"sweep": str(sweep.path), "model": pattern.model.name,
                             "tp": pattern.layout.tp, "pp": pattern.layout.pp,
+                            "dp": pattern.layout.dp, "ep": pattern.layout.ep,
                             "prompt": pattern.workload.prompt,
                             "decode": pattern.workload.decode,
                             "predicted": {k: round(v, 3) for k, v in predicted.items()},
