@@ -373,7 +373,13 @@ class Costs:
         self.fits_seen[(kind.value, size, id(fit))] = fit
 
     def of(self, dp_rank: int, stage: int, op: Op) -> Cost:
-        key = (dp_rank, stage, op)
+        # A dp or ep call's groups are the same for every DP rank of the stage; any other
+        # call's sit against node boundaries as the replica's first rank does (its offset
+        # within its node), so DP ranks at the same offset share one cost.
+        rpn, layout = self.topology.ranks_per_node, self.layout
+        place = (0 if op.group in DP_GROUPS or not rpn
+                 else dp_rank * layout.tp * layout.pp % rpn)
+        key = (place, stage, op)
         cost = self.cache.get(key)
         if cost is None:
             cost = self.cache[key] = self._cost(dp_rank, stage, op)
@@ -457,16 +463,25 @@ class Pipeline:
         sent, or a joining call that another DP rank has not reached, then the next stage
         takes over. A joining call begins on all its DP ranks at the latest one's clock."""
         position = [0] * len(ops)
+        # Stages waiting at a joining call, per stage column: the last to arrive issues it.
+        arrived, waiting = [False] * len(ops), [0] * self.pp
+        replicas = len(ops) // self.pp
         while True:
             progressed = False
             for s, stage_ops in enumerate(ops):
                 while position[s] < len(stage_ops):
                     cost = stage_ops[position[s]]
                     if cost.joins:
-                        members = range(s % self.pp, len(ops), self.pp)
-                        if not all(position[m] < len(ops[m]) and ops[m][position[m]].joins
-                                   for m in members):
+                        column = s % self.pp
+                        if not arrived[s]:
+                            arrived[s] = True
+                            waiting[column] += 1
+                        if waiting[column] < replicas:
                             break
+                        members = range(column, len(ops), self.pp)
+                        waiting[column] = 0
+                        for m in members:
+                            arrived[m] = False
                         start = max(self.clock[m] for m in members)
                         for m in members:
                             before, own = self.clock[m], ops[m][position[m]]
@@ -521,19 +536,21 @@ def _runs_by_step(lists: list[tuple[Run, ...]]) -> list[tuple[Phase, int, list[l
 
 
 def _units(pattern: Pattern, topology: Topology) -> list[list[int]]:
-    """The DP ranks to simulate, in groups simulated together: all of them when any call
-    joins them (a dp or ep call); else one group per distinct replica, that is per run list
-    and per position of the replica's first rank within its node (the replicas' groups then
-    sit alike against node boundaries, so they cost alike)."""
+    """The DP ranks to simulate, in groups simulated together: one DP rank per distinct
+    replica, that is per run list and per offset of the replica's first rank within its
+    node (its tp and pp groups then sit alike against node boundaries, so they cost alike).
+    Replicas alike in both run alike, joins included (a join waits for the latest, the same
+    for each of them), so one stands for all. When a call joins the DP ranks (a dp or ep
+    call) the representatives are simulated together; else each on its own."""
     layout = pattern.layout
     replicas = pattern.replicas()
+    rpn, size = topology.ranks_per_node, layout.tp * layout.pp
+    seen: dict[tuple[object, int], int] = {}
+    for d in range(layout.dp):
+        seen.setdefault((replicas[d], d * size % rpn if rpn else 0), d)
     if layout.dp > 1 and any(op.group in DP_GROUPS for replica in replicas
                              for runs in replica for run in runs for op in run.step.ops):
-        return [list(range(layout.dp))]
-    rpn, size = topology.ranks_per_node, layout.tp * layout.pp
-    seen: dict[tuple[int, int], int] = {}
-    for d in range(layout.dp):
-        seen.setdefault((id(replicas[d]), d * size % rpn if rpn else 0), d)
+        return [list(seen.values())]
     return [[d] for d in seen.values()]
 
 
