@@ -133,3 +133,26 @@ def test_an_ep_group_across_two_nodes_uses_the_inter_fits(cli, tmp_path):
     assert doc["predicted"]["decode_step_us"] == pytest.approx(8020)
     assert doc["predicted"]["e2e_us"] == pytest.approx(24060)
     assert doc["levels_used"] == ["inter", "intra"]
+
+
+def test_uneven_dp_ranks_join_at_dispatch_and_the_slowest_counts(cli, tmp_path):
+    sweep = fake_sweep(tmp_path / "sweep", {"allreduce": (1.0, 0.01),
+                                            "allgather": (10.0, 0.001),
+                                            "reducescatter": (20.0, 0.0)})
+    doc = _predict(cli, sweep, moe_model(tmp_path), "--dp", "2", "--tp", "2", "--ep",
+                   "--dp-batches", "1,3", "--eager", "--decode", "1")
+    # Eager (no padding), DP rank 0 has 8 prompt tokens and DP rank 1 24: the prefill only.
+    # Fits: allreduce 1 + 0.01 x B over 2; all-gather 10 + 0.001 x B over 2 (TP), over the
+    # EP group of 4 scaled: alpha 30, beta x (3/4)/(1/2) = 0.0015; reduce-scatter 20 x 3 = 60.
+    # Both: DP all-reduce of 32 B: 1.32. TP all-reduces (embed, o_proj) of [T, 64] bf16:
+    # rank 0 1024 B 11.24 x 2 -> 23.80; rank 1 3072 B 31.72 x 2 -> 64.76.
+    # The uneven dispatch joins them at 64.76 and is priced by its total (counts 256, 256,
+    # 768, 768 of [32, 64] bf16 = 4096 B: 30 + 6.144 = 36.144; top-k [32, 2] x 4 B = 256 B:
+    # 30.384 each), then the combine 60: 64.76 + 96.912 + 60 = 221.672.
+    # TP all-gather (sequence parallel): rank 0 [8, 64] 1024 B 11.024 -> 232.696; rank 1
+    # [24, 64] 3072 B 13.072 -> 234.744. o_proj: 243.936 and 266.464. Layer 1's dispatch
+    # and combine from 266.464: 423.376. Then TP all-gather and logits: rank 0 11.024 +
+    # [1, 1024] 2048 B 12.048 -> 446.448; rank 1 13.072 + [3, 1024] 6144 B 16.144 ->
+    # 452.592: the slowest DP rank's.
+    assert doc["predicted"]["prefill_us"] == pytest.approx(452.592)
+    assert doc["predicted"]["e2e_us"] == pytest.approx(452.592)
