@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from microbench.analysis.predict import Topology, predict_pattern
+from microbench.argtypes import UsageError
 from patterns import ConfigError, Layout, ModelConfig, Pattern, volume_bytes
 from patterns.volume import as_number
 
@@ -134,7 +135,10 @@ def plan(model: ModelConfig, gpus: int, make_pattern: Callable[[Layout], Pattern
         except ConfigError as err:
             refused.append(f"{label(shape)}: {err}")
             continue
-        priced.append(price(pattern, shape, topology, budget))
+        try:  # a call the sweeps cannot price (an op they lack) leaves this layout out
+            priced.append(price(pattern, shape, topology, budget))
+        except UsageError as err:
+            refused.append(f"{label(shape)}: not priced: {err}")
     if not priced:
         raise ConfigError(f"no layout of {gpus} ranks suits {model.name}: tp must divide "
                           f"num_attention_heads({model.num_attention_heads}) and pp = "
@@ -142,7 +146,7 @@ def plan(model: ModelConfig, gpus: int, make_pattern: Callable[[Layout], Pattern
                           f"({model.num_hidden_layers})"
                           + (f", and with ep dp x tp must divide num_local_experts"
                              f"({model.num_local_experts})" if model.is_moe else "")
-                          + (f"; the engine refused the others ({refused[-1]})"
+                          + (f"; the engine or the sweeps refused the others ({refused[-1]})"
                              if kept else ""))
     priced.sort(key=lambda p: (not p.meets_budget, p.e2e_us, p.volume_bytes, p.shape.pp,
                                p.shape.dp, p.shape.ep))

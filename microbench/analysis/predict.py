@@ -225,17 +225,21 @@ def scaled(fit: Fit, n: int) -> Fit:
                fit.max_bytes, fit.dropped, fit.group_size)
 
 
+# Collectives an all-gather of the same nccl-tests size stands in for when the sweep lacks
+# them (the notes say so). Per rank all three move (n-1)/n of that size (busbw.py: the same
+# bus-bandwidth factor), so the bandwidth term carries over. A reduce-scatter is the
+# all-gather's ring run backwards plus a sum (close, but the sum is not priced); an
+# all-to-all's latency is not a ring's n - 1 steps but n - 1 concurrent pairs: approximate.
+STAND_INS = frozenset({SweepOp.ALLTOALL, SweepOp.REDUCESCATTER})
+
+
 def _fit_for(fits: FitTable, op: SweepOp, n: int) -> Fit:
     if (op.value, n) in fits:
         return fits[(op.value, n)]
     swept = sorted(k[1] for k, f in fits.items()
                    if k[0] == op.value and f.scaled_from is None and f.stand_in is None)
-    if op == SweepOp.ALLTOALL and not swept and any(
+    if op in STAND_INS and not swept and any(
             k[0] == SweepOp.ALLGATHER.value for k in fits):
-        # No all-to-all in the sweep: an all-gather of the same nccl-tests size stands in.
-        # Per rank both move (n-1)/n of that size (busbw.py: the same bus-bandwidth factor),
-        # so the bandwidth term carries over; the latency term does not (a ring's n - 1
-        # steps against n - 1 concurrent pairs): approximate, and the notes say so.
         base = _fit_for(fits, SweepOp.ALLGATHER, n)
         fits[(op.value, n)] = Fit(op.value, n, base.pieces, base.rms_rel_error, base.points,
                                   base.min_bytes, base.max_bytes, base.dropped,
@@ -404,13 +408,14 @@ class Costs:
                 f"{op.tag} ({op.kind} over the {op.group} group of {op.group_size}) runs on "
                 "gloo (CPU) in the engine; it is priced from the sweep's own backend, as "
                 "replay issues it")
-        if op.kind == OpKind.ALLTOALL:
-            fit = _fit_for(fits, SweepOp.ALLTOALL, op.group_size)
+        kind = pattern_message(op)[0]
+        if kind in STAND_INS:
+            fit = _fit_for(fits, kind, op.group_size)
             if fit.stand_in is not None:
                 self.topology.notes.add(
-                    f"alltoall over {op.group_size} ranks: the sweep has no alltoall; priced "
-                    f"as a {fit.stand_in} of the same size (same bytes per rank, not the same "
-                    "latency): sweep --op alltoall to measure it")
+                    f"{kind} over {op.group_size} ranks: the sweep has no {kind}; priced as "
+                    f"a {fit.stand_in} of the same size (the same bytes per rank; "
+                    f"approximate): sweep --op {kind} to measure it")
         # An uneven all-gather or reduce-scatter (Op.counts) is priced by its total, as
         # pattern_message sizes it: vLLM's all_gatherv / reduce_scatterv issue one
         # broadcast / reduce per part (pynccl.py), so each part crosses every link once and
