@@ -109,6 +109,7 @@ class Fit:
                 "rms_rel_error": round(self.rms_rel_error, 6),
                 "min_bytes": self.min_bytes, "max_bytes": self.max_bytes,
                 "dropped_bytes": list(self.dropped),
+                **({"stand_in": self.stand_in} if self.stand_in else {}),
                 "pieces": [{"from_bytes": p.from_bytes, "alpha_us": round(p.alpha_us, 6),
                             "beta_us_per_byte": p.beta_us_per_byte} for p in self.pieces]}
 
