@@ -554,7 +554,8 @@ def _units(pattern: Pattern, topology: Topology) -> list[list[int]]:
     seen: dict[tuple[object, int], int] = {}
     for d in range(layout.dp):
         seen.setdefault((replicas[d], d * size % rpn if rpn else 0), d)
-    if layout.dp > 1 and any(op.group in DP_GROUPS for replica in replicas
+    distinct = {id(r): r for r in replicas}.values()  # equal replicas are often one object
+    if layout.dp > 1 and any(op.group in DP_GROUPS for replica in distinct
                              for runs in replica for run in runs for op in run.step.ops):
         return [list(seen.values())]
     return [[d] for d in seen.values()]
