@@ -1,4 +1,5 @@
-"""`infercomm plan` at scale: every layout of Llama-3.1-405B on 1024 GPUs, goal under 5 s.
+"""`infercomm plan` at scale: every layout of Llama-3.1-405B on 1024 GPUs, goal under 5 s;
+and of the MoE DeepSeek-V3 on 64 GPUs (8 per node, vLLM V1: dp x ep layouts beside tp x pp).
 
     python benchmarks/plan_layouts.py [--sweep SWEEP_RUN] [--sweep-inter SWEEP_RUN]
 
@@ -26,6 +27,7 @@ from microbench.sweep.busbw import SweepOp
 from patterns import EngineOptions, Layout, Workload, generate, resolve_model
 
 MODEL, GPUS, PER_NODE, PROMPT, GOAL_S = "llama-3.1-405b", 1024, 8, 2048, 5.0
+MOE_MODEL, MOE_GPUS, MOE_ENGINE = "deepseek-v3", 64, "vllm"
 SIZES = [8 * 4 ** k for k in range(13)]
 
 
@@ -66,21 +68,44 @@ def main() -> int:
     gen = []
     for _ in range(5):
         start = time.perf_counter()
-        generate("vllm-v0", model, Layout(tp=widest.tp, pp=widest.pp), Workload(PROMPT, 256))
+        generate("vllm-v0", model, Layout(tp=widest.tp, pp=widest.pp, dp=widest.dp),
+                 Workload(PROMPT, 256))
         gen.append(time.perf_counter() - start)
     figures["generate_s"] = statistics.median(gen)
     per_layout = figures["plan_s_decode_256"] / len(layouts)
     print(f"plan: {MODEL} on {GPUS} GPUs ({PER_NODE} per node), prompt {PROMPT}: "
-          f"{len(layouts)} valid layouts ({', '.join(f'tp{s.tp}pp{s.pp}' for s in layouts)})")
+          f"{len(layouts)} valid layouts "
+          f"({', '.join(f'dp{s.dp}tp{s.tp}pp{s.pp}' for s in layouts)})")
     for decode in (256, 100_000):
         print(f"  decode {decode:>7,}: {figures[f'plan_s_decode_{decode}']:.3f} s "
               f"(goal < {GOAL_S:.0f} s)")
     print(f"  per layout {per_layout * 1e3:.1f} ms = {per_layout / figures['generate_s']:.1f} "
           f"x one generate call of tp{widest.tp}pp{widest.pp} "
           f"({figures['generate_s'] * 1e3:.1f} ms)")
-    worst = max(figures[f"plan_s_decode_{d}"] for d in (256, 100_000))
+    moe = resolve_model(MOE_MODEL)
+    moe_layouts, _ = valid_layouts(moe, MOE_GPUS)
+    for decode in (256, 100_000):
+        workload = Workload(PROMPT, decode)
+
+        def make_moe(layout: Layout, workload: Workload = workload):
+            return generate(MOE_ENGINE, moe, layout, workload, EngineOptions())
+
+        runs = []
+        for _ in range(3):
+            start = time.perf_counter()
+            plan(moe, MOE_GPUS, make_moe, topology(args), Budget())
+            runs.append(time.perf_counter() - start)
+        figures[f"moe_plan_s_decode_{decode}"] = statistics.median(runs)
+    print(f"plan: {MOE_MODEL} on {MOE_GPUS} GPUs ({PER_NODE} per node), engine {MOE_ENGINE}, "
+          f"prompt {PROMPT}: {len(moe_layouts)} valid layouts, "
+          f"{sum(s.dp > 1 for s in moe_layouts)} with dp > 1")
+    for decode in (256, 100_000):
+        print(f"  decode {decode:>7,}: {figures[f'moe_plan_s_decode_{decode}']:.3f} s "
+              f"(goal < {GOAL_S:.0f} s)")
+    worst = max(figures[f"{m}plan_s_decode_{d}"] for d in (256, 100_000) for m in ("", "moe_"))
     print(json.dumps({"benchmark": "plan_layouts", "model": MODEL, "gpus": GPUS,
-                      "layouts": len(layouts), "python": platform.python_version(),
+                      "layouts": len(layouts), "moe_model": MOE_MODEL, "moe_gpus": MOE_GPUS,
+                      "moe_layouts": len(moe_layouts), "python": platform.python_version(),
                       **{k: round(v, 4) for k, v in figures.items()},
                       "per_layout_over_generate": round(per_layout / figures["generate_s"], 2),
                       "goal_s": GOAL_S, "met": worst < GOAL_S}))

@@ -23,10 +23,22 @@ def test_every_layout_priced_and_sorted(cli, tmp_path):
     status, out, err = _plan(cli, tmp_path, "--format", "json")
     assert status == 0, err
     doc = json.loads(out)
-    got = {(r["tp"], r["pp"]): r for r in doc["layouts"]}
-    assert [(r["tp"], r["pp"]) for r in doc["layouts"]] == [(1, 4), (2, 2), (4, 1)]
-    assert all(r["dp"] == 1 and r["ep"] is False for r in doc["layouts"])
-    assert [r["best"] for r in doc["layouts"]] == [True, False, False]
+    got = {(r["tp"], r["pp"]): r for r in doc["layouts"] if r["dp"] == 1}
+    # Every dp x tp x pp = 4 of a dense model; dp > 1 is independent replicas.
+    assert [(r["tp"], r["pp"], r["dp"]) for r in doc["layouts"]] == [
+        (1, 1, 4), (1, 2, 2), (1, 4, 1), (2, 1, 2), (2, 2, 1), (4, 1, 1)]
+    assert all(r["ep"] is False for r in doc["layouts"])
+    assert [r["best"] for r in doc["layouts"]] == [True] + [False] * 5
+    replicas = {(r["tp"], r["pp"]): r for r in doc["layouts"] if r["dp"] > 1}
+    # DP4 x TP1: a replica of one rank issues no call (vllm-v0 at tp 1, pp 1): 0.
+    assert (replicas[(1, 1)]["e2e_us"], replicas[(1, 1)]["volume_bytes"]) == (0, 0)
+    # DP2 x PP2: one replica is a PP2 pipeline: stage 0 sends 2 (gap 1, latency 2) arriving
+    # at 2 and 3; stage 1 recvs at max(1, 2) = 2 and max(3, 3) = 3: 3 a step, 12 in all.
+    assert (replicas[(1, 2)]["decode_step_us"], replicas[(1, 2)]["e2e_us"]) == (3, 12)
+    # DP2 x TP2: a replica is TP2 over 2 ranks (no scaling): 9 allreduces (10) and a gather
+    # (20) a step = 110, 440 in all; the volume is both replicas' (2 x a TP2 one).
+    assert (replicas[(2, 1)]["decode_step_us"], replicas[(2, 1)]["e2e_us"]) == (110, 440)
+    assert any("independent replicas" in n for n in doc["notes"])
     # PP4 (tiny model, 1 layer a stage): latency 4 / 2 = 2 us, gap 1 us. Stage 0 sends 2 a
     # step; stages 1, 2 recv 2, send 2; stage 3 recvs 2. Prefill: sends at 0, 1 arrive 2, 3;
     # stage 1 recvs 2, 3, sends at 3, 4 (arrive 5, 6); stage 2 recvs 5, 6, sends (arrive 8,
@@ -56,17 +68,22 @@ def test_every_layout_priced_and_sorted(cli, tmp_path):
 
 
 def test_budgets(cli, tmp_path):
-    # TPOT budget 0.1 ms = 100 us: only PP4's 9 us step meets it.
+    # TPOT budget 0.1 ms = 100 us: DP4's 0, DP2 x PP2's 3 and PP4's 9 us steps meet it.
     status, out, err = _plan(cli, tmp_path, "--budget-tpot-ms", "0.1", "--format", "json")
     assert status == 0, err
-    assert [r["meets_budget"] for r in json.loads(out)["layouts"]] == [True, False, False]
-    # TTFT budget 0.005 ms = 5 us: no prefill is that short (PP4's is 9); the fastest is
-    # still marked best, and the table says none meets it.
-    status, out, err = _plan(cli, tmp_path / "b", "--budget-ttft-ms", "0.005")
+    assert [r["meets_budget"] for r in json.loads(out)["layouts"]] == [True] * 3 + [False] * 3
+    # TTFT budget 0.005 ms = 5 us on the tiny MoE model (tests/test_plan_ep.py) with
+    # vllm-v0, which refuses --ep: only its dp 1 layouts are priced, and none has a prefill
+    # that short (PP2's is 3 x 0 + the chain of sends, TP's 10 us allreduces); the fastest
+    # is still marked best, and the table says none meets it.
+    from tests.test_plan_ep import moe_model
+    tmp_path.joinpath("b").mkdir()
+    sweep = fake_sweep(tmp_path / "b" / "sweep", FLAT)
+    status, out, err = cli("plan", "--model", moe_model(tmp_path / "b"), "--sweep",
+                           str(sweep), *PLAN, "--budget-ttft-ms", "0.005")
     assert status == 0, err
     assert "no layout meets the budget" in out and "communication only" in out
-    best = next(line for line in out.splitlines() if line.startswith("best"))
-    assert best.split()[1:3] == ["1", "4"]
+    assert "left out: tp=2 pp=1 dp=2 ep: engine vllm-v0 does not model --ep" in out
 
 
 def test_csv_and_bad_input(cli, tmp_path):
@@ -75,7 +92,7 @@ def test_csv_and_bad_input(cli, tmp_path):
     lines = out.strip().splitlines()
     assert lines[0] == ("tp,pp,dp,ep,prefill_us,decode_step_us,e2e_us,volume_bytes,"
                         "meets_budget,crosses_nodes,best")
-    assert len(lines) == 4
+    assert len(lines) == 7  # the header and 6 layouts
     # 4 GPUs at 2 a node span nodes, and the sweep has no rows across nodes.
     sweep = fake_sweep(tmp_path / "sweep2", FLAT)
     status, out, err = cli("plan", "--model", tiny_model(tmp_path), "--sweep", str(sweep),
@@ -84,11 +101,16 @@ def test_csv_and_bad_input(cli, tmp_path):
     assert "span nodes" in err and "--sweep-inter" in err
     status, _, err = _plan(cli, tmp_path / "x", "--budget-tpot-ms", "-1")
     assert status == 2 and "--budget-tpot-ms -1.0 must be a positive number" in err
-    # 1000 ranks: tp in 1, 2, 4 (4 heads) leaves pp >= 250 > 4 layers.
-    status, out, err = _plan(cli, tmp_path / "y", "--gpus", "1000", "--gpus-per-node", "1000")
+    # 1000 ranks of the tiny MoE model (tests/test_plan_ep.py; a dense model always has its
+    # dp 1000 replicas): tp in 1, 2, 4 (4 heads) and dp x tp in 1, 2, 4 (4 experts) leave
+    # pp >= 250 > 2 layers.
+    from tests.test_plan_ep import moe_model
+    status, out, err = cli("plan", "--model", moe_model(tmp_path), "--sweep", str(sweep),
+                           *PLAN, "--gpus", "1000", "--gpus-per-node", "1000")
     assert status == 2 and out == "" and len(err.strip().splitlines()) == 1
-    assert ("no layout of 1000 ranks suits tiny: tp must divide num_attention_heads(4) and "
-            "pp = 1000/tp must be at most num_hidden_layers(4)") in err
+    assert ("no layout of 1000 ranks suits tinymoe: tp must divide num_attention_heads(4) and "
+            "pp = 1000/(dp x tp) must be at most num_hidden_layers(2), and with ep dp x tp "
+            "must divide num_local_experts(4)") in err
 
 
 def test_a_layout_wider_than_a_node_uses_the_inter_sweep(cli, tmp_path):
@@ -100,7 +122,14 @@ def test_a_layout_wider_than_a_node_uses_the_inter_sweep(cli, tmp_path):
     status, out, err = cli("plan", "--model", tiny_model(tmp_path), "--sweep", str(sweep),
                            "--sweep-inter", str(inter), *argv, "--format", "json")
     assert status == 0, err
-    got = {(r["tp"], r["pp"]): r for r in json.loads(out)["layouts"]}
+    layouts = json.loads(out)["layouts"]
+    got = {(r["tp"], r["pp"]): r for r in layouts if r["dp"] == 1}
     assert all(r["crosses_nodes"] for r in got.values())
     # TP4 over two nodes: 9 x 300 + 600 = 3300 a step (the inter fits x 3 for 4 ranks).
     assert got[(4, 1)]["decode_step_us"] == 3300
+    # DP2 x TP2: rank = dp_rank x 2 + tp_rank, so each replica's TP group is one node's two
+    # ranks: intra fits, 110 a step as on one node (test above); DP2 x PP2 likewise.
+    replicas = {(r["tp"], r["pp"]): r for r in layouts if r["dp"] == 2}
+    assert not any(r["crosses_nodes"] for r in replicas.values())
+    assert replicas[(2, 1)]["decode_step_us"] == 110
+    assert replicas[(1, 2)]["decode_step_us"] == 3

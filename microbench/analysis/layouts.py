@@ -6,12 +6,17 @@ microbench/analysis/predict.py (the critical path through the stages) in the eng
 a decode step begins once the previous step's token is sampled, so a pipeline's decode step
 costs the chain through every stage, as it does for one batch in vLLM (a replay, which has
 no such dependency, runs the steps of its stages overlapped; `predict` models that). With the
-ranks placed as launchers place them: consecutive ranks per node, TP innermost (global rank =
-pp_rank x tp + tp_rank), so a TP group wider than a node, or a PP hop between stages on two
-nodes, takes the inter-node fits.
+ranks placed as launchers place them: consecutive ranks per node, TP innermost, then PP, then
+DP (global rank = (dp_rank x pp + pp_rank) x tp + tp_rank), so a TP, DP or EP group wider
+than a node, or a PP hop between stages on two nodes, takes the inter-node fits.
 
-The candidate shapes come from `shapes` alone: tp x pp x dp = N with dp = 1 and no expert
-parallelism until patterns model them; adding them is that one function and `layout_of`.
+The candidate shapes come from `shapes` alone: every dp x tp x pp = N. A MoE model gets its
+tp x pp layouts without expert parallelism and every dp x tp x pp with it (--ep, the EP group
+of dp x tp ranks; dp > 1 only with it, the layouts DP attention serves); `Layout.check_model`
+refuses an EP group that does not divide the experts. A dense model's dp > 1 is dp
+independent replicas: their figures are one replica's communication (the slowest), the
+volume the whole deployment's, and each replica serves its own batch. The engine profile
+refuses what it cannot model (a ConfigError), and plan lists it as refused with that message.
 """
 
 from collections.abc import Callable
@@ -19,11 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from microbench.analysis.predict import Topology, predict_pattern
+from microbench.argtypes import UsageError
 from patterns import ConfigError, Layout, ModelConfig, Pattern, volume_bytes
 from patterns.volume import as_number
-
-# Data-parallel replica counts tried; (1,) until patterns carry data parallelism.
-DP_SIZES: tuple[int, ...] = (1,)
 
 
 @dataclass(frozen=True)
@@ -71,36 +74,49 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def shapes(gpus: int) -> list[Shape]:
-    """Every tp x pp x dp = gpus (the one place new parallelism dimensions enter)."""
+def shapes(gpus: int, moe: bool = False) -> list[Shape]:
+    """Every dp x tp x pp = gpus (the one place parallelism dimensions enter): for a dense
+    model every dp (replicas); for a MoE model dp = 1 without expert parallelism, and every
+    dp x tp > 1 with it."""
     out = []
-    for dp in (d for d in DP_SIZES if gpus % d == 0):
+    for dp in _divisors(gpus):
         for tp in _divisors(gpus // dp):
-            out.append(Shape(tp=tp, pp=gpus // dp // tp, dp=dp))
+            pp = gpus // dp // tp
+            if not moe or dp == 1:
+                out.append(Shape(tp=tp, pp=pp, dp=dp))
+            if moe and dp * tp > 1:
+                out.append(Shape(tp=tp, pp=pp, dp=dp, ep=True))
     return out
 
 
 def layout_of(shape: Shape) -> Layout:
-    return Layout(tp=shape.tp, pp=shape.pp)
+    return Layout(tp=shape.tp, pp=shape.pp, dp=shape.dp, ep=shape.ep)
+
+
+def label(shape: Shape) -> str:
+    return f"tp={shape.tp} pp={shape.pp} dp={shape.dp}" + (" ep" if shape.ep else "")
 
 
 def valid_layouts(model: ModelConfig, gpus: int) -> tuple[list[Shape], list[str]]:
-    """The shapes the engine accepts for this model, and why the others were left out."""
+    """The shapes the layout accepts for this model, and why the others were left out."""
     kept, refused = [], []
-    for shape in shapes(gpus):
+    for shape in shapes(gpus, model.is_moe):
         try:
             layout_of(shape).check_model(model)
         except ConfigError as err:
-            refused.append(f"tp={shape.tp} pp={shape.pp}: {err}")
+            refused.append(f"{label(shape)}: {err}")
             continue
         kept.append(shape)
     return kept, refused
 
 
 def price(pattern: Pattern, shape: Shape, topology: Topology, budget: Budget) -> Priced:
-    topology.used.clear()
-    topology.fits_seen.clear()
+    topology.reset()
     predicted, notes = predict_pattern(pattern, topology, token_order=True)
+    if shape.dp > 1 and not shape.ep:
+        notes = [*notes, "dp > 1 of a dense model is independent replicas: "
+                 "the times are one replica's communication (the slowest), the volume the "
+                 "deployment's, and each replica serves its own batch"]
     prefill, step = predicted["prefill_us"], predicted.get("decode_step_us", 0.0)
     return Priced(shape, prefill, step, predicted["e2e_us"],
                   as_number(volume_bytes(pattern)["total"]), budget.met(prefill, step),
@@ -112,13 +128,28 @@ def plan(model: ModelConfig, gpus: int, make_pattern: Callable[[Layout], Pattern
     """Every valid layout priced, best first: those meeting the budget before the others,
     then by end to end, then by volume. The first is marked best."""
     kept, refused = valid_layouts(model, gpus)
-    if not kept:
+    priced = []
+    for shape in kept:
+        try:  # the engine profile refuses what it cannot model
+            pattern = make_pattern(layout_of(shape))
+        except ConfigError as err:
+            refused.append(f"{label(shape)}: {err}")
+            continue
+        try:  # a call the sweeps cannot price (an op they lack) leaves this layout out
+            priced.append(price(pattern, shape, topology, budget))
+        except UsageError as err:
+            refused.append(f"{label(shape)}: not priced: {err}")
+    if not priced:
         raise ConfigError(f"no layout of {gpus} ranks suits {model.name}: tp must divide "
                           f"num_attention_heads({model.num_attention_heads}) and pp = "
-                          f"{gpus}/tp must be at most num_hidden_layers"
-                          f"({model.num_hidden_layers})")
-    priced = [price(make_pattern(layout_of(s)), s, topology, budget) for s in kept]
-    priced.sort(key=lambda p: (not p.meets_budget, p.e2e_us, p.volume_bytes, p.shape.pp))
+                          f"{gpus}/(dp x tp) must be at most num_hidden_layers"
+                          f"({model.num_hidden_layers})"
+                          + (f", and with ep dp x tp must divide num_local_experts"
+                             f"({model.num_local_experts})" if model.is_moe else "")
+                          + (f"; the engine or the sweeps refused the others ({refused[-1]})"
+                             if kept else ""))
+    priced.sort(key=lambda p: (not p.meets_budget, p.e2e_us, p.volume_bytes, p.shape.pp,
+                               p.shape.dp, p.shape.ep))
     best = priced[0]
     priced[0] = Priced(**{**best.__dict__, "best": True})
     return priced, refused

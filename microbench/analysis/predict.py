@@ -38,9 +38,19 @@ Runs of identical steps are not expanded: each is simulated for a few steps unti
 advances by a fixed amount per step (the pipeline's transient lasts about as many steps as
 there are stages), then extrapolated, so the cost does not grow with the decode length.
 
-Two levels: given the ranks per node (consecutive ranks per node, TP innermost: global rank =
-pp_rank x tp + tp_rank), a TP group whose ranks lie on more than one node, or a transfer
-between stages on different nodes, uses the inter-node fits.
+Two levels: given the ranks per node (consecutive ranks per node, TP innermost, then PP, then
+DP: global rank = (dp_rank x pp + pp_rank) x tp + tp_rank, `patterns.groups`), a group whose
+ranks lie on more than one node (tp, dp, ep, pp_broadcast), or a transfer between stages on
+different nodes, uses the inter-node fits.
+
+Data parallelism: every DP rank runs its own run list (`Pattern.replicas()`; they differ under
+uneven --dp-batches) through its own stages. A collective on the `dp` or `ep` group joins
+the DP ranks of one stage: it begins when the last of them reaches it (each DP rank's k-th
+such call pairs with the others' k-th, as the engine's aligned steps issue them) and costs
+each the group's fit from there. Without such calls the DP ranks are independent replicas,
+and only the distinct ones are simulated (same run list and the same position against node
+boundaries price the same). Each figure is the slowest DP rank's, as replay reports the
+slowest rank's.
 """
 
 from dataclasses import dataclass, field
@@ -50,7 +60,10 @@ import numpy as np
 
 from microbench.argtypes import UsageError
 from microbench.sweep.busbw import SweepOp, busbw_factor, pattern_message
-from patterns import Op, OpKind, Pattern, Phase
+from patterns import Op, OpKind, Pattern, Phase, Transport
+from patterns.groups import rank_of
+from patterns.layout import Layout
+from patterns.pattern import Run
 
 MIN_POINTS = 3
 SPLIT_GAIN = 0.5
@@ -82,6 +95,7 @@ class Fit:
     max_bytes: int
     dropped: tuple[int, ...] = ()  # sizes left out as outliers
     scaled_from: int | None = None  # group size swept, when this fit is scaled from it
+    stand_in: str | None = None  # the swept op whose fit stands in for this one's
 
     def time_us(self, size_bytes: float) -> float:
         piece = self.pieces[0]
@@ -95,6 +109,7 @@ class Fit:
                 "rms_rel_error": round(self.rms_rel_error, 6),
                 "min_bytes": self.min_bytes, "max_bytes": self.max_bytes,
                 "dropped_bytes": list(self.dropped),
+                **({"stand_in": self.stand_in} if self.stand_in else {}),
                 "pieces": [{"from_bytes": p.from_bytes, "alpha_us": round(p.alpha_us, 6),
                             "beta_us_per_byte": p.beta_us_per_byte} for p in self.pieces]}
 
@@ -211,11 +226,26 @@ def scaled(fit: Fit, n: int) -> Fit:
                fit.max_bytes, fit.dropped, fit.group_size)
 
 
+# Collectives an all-gather of the same nccl-tests size stands in for when the sweep lacks
+# them (the notes say so). Per rank all three move (n-1)/n of that size (busbw.py: the same
+# bus-bandwidth factor), so the bandwidth term carries over. A reduce-scatter is the
+# all-gather's ring run backwards plus a sum (close, but the sum is not priced); an
+# all-to-all's latency is not a ring's n - 1 steps but n - 1 concurrent pairs: approximate.
+STAND_INS = frozenset({SweepOp.ALLTOALL, SweepOp.REDUCESCATTER})
+
+
 def _fit_for(fits: FitTable, op: SweepOp, n: int) -> Fit:
     if (op.value, n) in fits:
         return fits[(op.value, n)]
     swept = sorted(k[1] for k, f in fits.items()
-                   if k[0] == op.value and f.scaled_from is None)
+                   if k[0] == op.value and f.scaled_from is None and f.stand_in is None)
+    if op in STAND_INS and not swept and any(
+            k[0] == SweepOp.ALLGATHER.value for k in fits):
+        base = _fit_for(fits, SweepOp.ALLGATHER, n)
+        fits[(op.value, n)] = Fit(op.value, n, base.pieces, base.rms_rel_error, base.points,
+                                  base.min_bytes, base.max_bytes, base.dropped,
+                                  base.scaled_from, SweepOp.ALLGATHER.value)
+        return fits[(op.value, n)]
     if op in (SweepOp.SENDRECV, SweepOp.STREAM):  # a pair; a ring of more is next best
         if swept:
             return fits[(op.value, swept[0])]
@@ -238,15 +268,32 @@ class Topology:
     used: set[str] = field(default_factory=set)  # levels a prediction used
     # (sweep op, size, fit id) -> the fit a prediction read, for its notes
     fits_seen: dict[tuple[str, int, int], Fit] = field(default_factory=dict)
+    notes: set[str] = field(default_factory=set)  # what a prediction priced by proxy
 
-    def fits(self, ranks: list[int]) -> FitTable:
+    def reset(self) -> None:
+        """Forget what the last prediction used, before the next one."""
+        self.used.clear()
+        self.fits_seen.clear()
+        self.notes.clear()
+
+    def spans(self, ranks: "list[int] | tuple[int, ...]") -> bool:
         rpn = self.ranks_per_node
-        level = "intra" if rpn is None or len({r // rpn for r in ranks}) == 1 else "inter"
+        return rpn is not None and len({r // rpn for r in ranks}) > 1
+
+    def fits(self, ranks: "list[int] | tuple[int, ...]") -> FitTable:
+        return self.fits_of([ranks])
+
+    def fits_of(self, groups: "list[list[int]] | list[tuple[int, ...]]") -> FitTable:
+        """The fits of the slowest of some groups that run one call together: the
+        inter-node ones if any group spans nodes."""
+        rpn = self.ranks_per_node
+        level = "inter" if any(self.spans(g) for g in groups) else "intra"
         self.used.add(level)
         if level == "intra":
             return self.intra
         if self.inter is None:
-            raise UsageError(f"ranks {ranks} lie on more than one node of {rpn} ranks, and "
+            ranks = next(g for g in groups if self.spans(g))
+            raise UsageError(f"ranks {list(ranks)} lie on more than one node of {rpn} ranks, and "
                              "no inter-node fits were given; pass --sweep-inter SWEEP_RUN "
                              "(a sweep across two nodes)")
         return self.inter
@@ -282,23 +329,46 @@ def gap_us(fits: FitTable, op: Op) -> float:
     return call_time_us(fits, op)
 
 
+# Group kinds whose calls join the DP ranks of one stage (the engine's DP all-reduce, MoE
+# dispatch and combine).
+DP_GROUPS = frozenset({"dp", "ep"})
+
+
 @dataclass(frozen=True)
 class Cost:
     """One call of one stage: what it costs the stage's clock, and for a transfer, its
-    latency and the other stage."""
+    latency and the other stage; `joins` for a call on the dp or ep group, which waits for
+    the same stage of every DP rank."""
 
     kind: str
     busy_us: float
     latency_us: float = 0.0
     peer_stage: int | None = None
+    joins: bool = False
+
+
+def groups_at(layout: Layout, kind: str, dp_rank: int, stage: int) -> list[list[int]]:
+    """The groups of `kind` that the ranks of one (DP rank, stage) call together."""
+    dp, pp, tp = layout.dp, layout.pp, layout.tp
+    if kind == "tp":
+        return [[rank_of(layout, dp_rank, stage, t) for t in range(tp)]]
+    if kind == "dp":
+        return [[rank_of(layout, d, stage, t) for d in range(dp)] for t in range(tp)]
+    if kind == "ep":
+        return [[rank_of(layout, d, stage, t) for d in range(dp) for t in range(tp)]]
+    if kind in ("pp", "pp_broadcast"):
+        return [[rank_of(layout, dp_rank, s, t) for s in range(pp)] for t in range(tp)]
+    raise UsageError(f"the pattern names a group {kind!r} that predict cannot place; "
+                     "one of tp, pp, dp, ep, pp_broadcast")
 
 
 class Costs:
-    """Each distinct (stage, op)'s cost, computed once (patterns repeat a handful of ops)."""
+    """Each distinct (DP rank, stage, op)'s cost, computed once (patterns repeat a handful of
+    ops; DP ranks differ only where their groups sit differently against node boundaries)."""
 
     def __init__(self, pattern: Pattern, topology: Topology) -> None:
         self.layout, self.topology = pattern.layout, topology
-        self.cache: dict[tuple[int, Op], Cost] = {}
+        self.cache: dict[tuple[int, int, Op], Cost] = {}
         self.fits_seen = topology.fits_seen
 
     def _note(self, fits: FitTable, op: Op, kind: SweepOp | None = None) -> None:
@@ -307,66 +377,126 @@ class Costs:
         fit = _fit_for(fits, kind, n)
         self.fits_seen[(kind.value, size, id(fit))] = fit
 
-    def of(self, stage: int, op: Op) -> Cost:
-        key = (stage, op)
+    def of(self, dp_rank: int, stage: int, op: Op) -> Cost:
+        # A dp or ep call's groups are the same for every DP rank of the stage; any other
+        # call's sit against node boundaries as the replica's first rank does (its offset
+        # within its node), so DP ranks at the same offset share one cost.
+        rpn, layout = self.topology.ranks_per_node, self.layout
+        place = (0 if op.group in DP_GROUPS or not rpn
+                 else dp_rank * layout.tp * layout.pp % rpn)
+        key = (place, stage, op)
         cost = self.cache.get(key)
         if cost is None:
-            cost = self.cache[key] = self._cost(stage, op)
+            cost = self.cache[key] = self._cost(dp_rank, stage, op)
         return cost
 
-    def _cost(self, stage: int, op: Op) -> Cost:
-        tp = self.layout.tp
+    def _cost(self, dp_rank: int, stage: int, op: Op) -> Cost:
+        layout = self.layout
         if op.kind in (OpKind.SEND, OpKind.RECV):
             peer = op.peer if op.peer is not None else stage
             # Every TP rank of the stage sends to its counterpart; the slowest pair counts.
-            pairs = [[stage * tp + r, peer * tp + r] for r in range(tp)]
-            levels = [self.topology.fits(p) for p in pairs]
-            fits = next((f for f in levels if f is self.topology.inter), levels[0])
+            fits = self.topology.fits_of(
+                [[rank_of(layout, dp_rank, stage, t), rank_of(layout, dp_rank, peer, t)]
+                 for t in range(layout.tp)])
             self._note(fits, op)
             if any(k[0] == SweepOp.STREAM.value for k in fits):
                 self._note(fits, op, SweepOp.STREAM)
             return Cost(op.kind.value, gap_us(fits, op), call_time_us(fits, op), peer)
-        fits = self.topology.fits(list(range(stage * tp, stage * tp + op.group_size)))
+        fits = self.topology.fits_of(groups_at(layout, op.group, dp_rank, stage))
         self._note(fits, op)
-        return Cost(op.kind.value, call_time_us(fits, op))
+        if op.transport == Transport.GLOO:
+            self.topology.notes.add(
+                f"{op.tag} ({op.kind} over the {op.group} group of {op.group_size}) runs on "
+                "gloo (CPU) in the engine; it is priced from the sweep's own backend, as "
+                "replay issues it")
+        kind = pattern_message(op)[0]
+        if kind in STAND_INS:
+            fit = _fit_for(fits, kind, op.group_size)
+            if fit.stand_in is not None:
+                self.topology.notes.add(
+                    f"{kind} over {op.group_size} ranks: the sweep has no {kind}; priced as "
+                    f"a {fit.stand_in} of the same size (the same bytes per rank; "
+                    f"approximate): sweep --op {kind} to measure it")
+        # An uneven all-gather or reduce-scatter (Op.counts) is priced by its total, as
+        # pattern_message sizes it: vLLM's all_gatherv / reduce_scatterv issue one
+        # broadcast / reduce per part (pynccl.py), so each part crosses every link once and
+        # the links carry the total, as an even call of that total does. The largest part
+        # times n would price padding that is never sent.
+        return Cost(op.kind.value, call_time_us(fits, op),
+                    joins=op.group in DP_GROUPS and layout.dp > 1)
 
 
 class Pipeline:
-    """Every stage's clock, per-kind totals and the transfers in flight between stages."""
+    """The clocks of some DP ranks' stages (index i x pp + stage for the i-th DP rank
+    simulated), per-kind totals and the transfers in flight between stages."""
 
-    def __init__(self, stages: int) -> None:
-        self.clock = [0.0] * stages
-        self.kinds: list[dict[str, float]] = [{} for _ in range(stages)]
+    def __init__(self, replicas: int, pp: int) -> None:
+        self.pp = pp
+        self.clock = [0.0] * (replicas * pp)
+        self.kinds: list[dict[str, float]] = [{} for _ in self.clock]
         self.arrivals: dict[tuple[int, int], list[float]] = {}  # (from, to) -> FIFO
 
-    def issue(self, stage: int, cost: Cost) -> None:
-        before = self.clock[stage]
-        if cost.kind == OpKind.SEND:
-            queue = self.arrivals.setdefault((stage, cost.peer_stage or 0), [])
-            queue.append(before + cost.latency_us)
-            self.clock[stage] = before + cost.busy_us
-        elif cost.kind == OpKind.RECV:
-            queue = self.arrivals.get((cost.peer_stage or 0, stage))
-            if not queue:
-                raise UsageError(f"stage {stage} receives from stage {cost.peer_stage} "
-                                 "before it sends: the pattern's steps do not pair up")
-            self.clock[stage] = max(before + cost.busy_us, queue.pop(0))
-        else:
-            self.clock[stage] = before + cost.busy_us
+    def _spend(self, stage: int, cost: Cost, before: float) -> None:
         kinds = self.kinds[stage]
         kinds[cost.kind] = kinds.get(cost.kind, 0.0) + self.clock[stage] - before
 
+    def issue(self, stage: int, cost: Cost) -> None:
+        before = self.clock[stage]
+        base = stage - stage % self.pp  # stage 0 of this DP rank
+        if cost.kind == OpKind.SEND:
+            queue = self.arrivals.setdefault((stage, base + (cost.peer_stage or 0)), [])
+            queue.append(before + cost.latency_us)
+            self.clock[stage] = before + cost.busy_us
+        elif cost.kind == OpKind.RECV:
+            queue = self.arrivals.get((base + (cost.peer_stage or 0), stage))
+            if not queue:
+                raise UsageError(f"stage {stage % self.pp} receives from stage "
+                                 f"{cost.peer_stage} before it sends: the pattern's steps "
+                                 "do not pair up")
+            self.clock[stage] = max(before + cost.busy_us, queue.pop(0))
+        else:
+            self.clock[stage] = before + cost.busy_us
+        self._spend(stage, cost, before)
+
+    def _ready(self, stage: int, cost: Cost) -> bool:
+        base = stage - stage % self.pp
+        return not (cost.kind == OpKind.RECV
+                    and not self.arrivals.get((base + (cost.peer_stage or 0), stage)))
+
     def step(self, ops: list[list[Cost]]) -> None:
-        """One step of every stage, in an order that respects each transfer: a stage issues
-        calls until a recv whose data is not yet sent, then the next stage takes over."""
+        """One step of every stage, in an order that respects each transfer and each call
+        that joins the DP ranks: a stage issues calls until a recv whose data is not yet
+        sent, or a joining call that another DP rank has not reached, then the next stage
+        takes over. A joining call begins on all its DP ranks at the latest one's clock."""
         position = [0] * len(ops)
+        # Stages waiting at a joining call, per stage column: the last to arrive issues it.
+        arrived, waiting = [False] * len(ops), [0] * self.pp
+        replicas = len(ops) // self.pp
         while True:
             progressed = False
             for s, stage_ops in enumerate(ops):
                 while position[s] < len(stage_ops):
                     cost = stage_ops[position[s]]
-                    if cost.kind == OpKind.RECV and not self.arrivals.get(
-                            (cost.peer_stage or 0, s)):
+                    if cost.joins:
+                        column = s % self.pp
+                        if not arrived[s]:
+                            arrived[s] = True
+                            waiting[column] += 1
+                        if waiting[column] < replicas:
+                            break
+                        members = range(column, len(ops), self.pp)
+                        waiting[column] = 0
+                        for m in members:
+                            arrived[m] = False
+                        start = max(self.clock[m] for m in members)
+                        for m in members:
+                            before, own = self.clock[m], ops[m][position[m]]
+                            self.clock[m] = start + own.busy_us
+                            self._spend(m, own, before)
+                            position[m] += 1
+                        progressed = True
+                        continue
+                    if not self._ready(s, cost):
                         break
                     self.issue(s, cost)
                     position[s] += 1
@@ -374,27 +504,32 @@ class Pipeline:
             if all(p == len(o) for p, o in zip(position, ops, strict=True)):
                 return
             if not progressed:
-                raise UsageError("the pattern's stages wait on each other's recvs in a cycle")
+                raise UsageError("the pattern's stages wait on each other's recvs, or its DP "
+                                 "ranks issue different dp/ep calls, in a cycle")
 
     def snapshot(self) -> tuple[list[float], list[dict[str, float]]]:
         return list(self.clock), [dict(k) for k in self.kinds]
 
 
-def _runs_by_step(pattern: Pattern) -> list[tuple[Phase, int, list[list[Op]]]]:
-    """The stages' runs aligned: (phase, repeat, ops of each stage) for each stretch of steps
-    over which no stage changes what it issues."""
+def _runs_by_step(lists: list[tuple[Run, ...]]) -> list[tuple[Phase, int, list[list[Op]]]]:
+    """Run lists aligned (one per DP rank and stage): (phase, repeat, ops of each) for each
+    stretch of steps over which none changes what it issues."""
+    totals = {sum(run.repeat for run in runs) for runs in lists}
+    if len(totals) > 1:
+        raise UsageError(f"the pattern's stages or DP ranks run {sorted(totals)} steps: "
+                         "every one must run the same steps to be simulated together")
     bounds: set[int] = set()
-    for runs in pattern.stages:
+    for runs in lists:
         at = 0
         for run in runs:
             at += run.repeat
             bounds.add(at)
     out: list[tuple[Phase, int, list[list[Op]]]] = []
-    cursors = [(0, 0) for _ in pattern.stages]  # (run index, steps used of it)
+    cursors = [(0, 0) for _ in lists]  # (run index, steps used of it)
     at = 0
     for end in sorted(bounds):
         ops, phase = [], Phase.PREFILL
-        for s, runs in enumerate(pattern.stages):
+        for s, runs in enumerate(lists):
             i, used = cursors[s]
             run = runs[i]
             phase = run.phase
@@ -406,27 +541,45 @@ def _runs_by_step(pattern: Pattern) -> list[tuple[Phase, int, list[list[Op]]]]:
     return out
 
 
-def simulate(pattern: Pattern, topology: Topology, token_order: bool = False,
-             ) -> tuple[list[float], list[float], list[dict[str, float]]]:
-    """(each stage's clock at the end of the prefill, at the end, per-kind time).
+def _units(pattern: Pattern, topology: Topology) -> list[list[int]]:
+    """The DP ranks to simulate, in groups simulated together: one DP rank per distinct
+    replica, that is per run list and per offset of the replica's first rank within its
+    node (its tp and pp groups then sit alike against node boundaries, so they cost alike).
+    Replicas alike in both run alike, joins included (a join waits for the latest, the same
+    for each of them), so one stands for all. When a call joins the DP ranks (a dp or ep
+    call) the representatives are simulated together; else each on its own."""
+    layout = pattern.layout
+    replicas = pattern.replicas()
+    rpn, size = topology.ranks_per_node, layout.tp * layout.pp
+    seen: dict[tuple[object, int], int] = {}
+    for d in range(layout.dp):
+        seen.setdefault((replicas[d], d * size % rpn if rpn else 0), d)
+    distinct = {id(r): r for r in replicas}.values()  # equal replicas are often one object
+    if layout.dp > 1 and any(op.group in DP_GROUPS for replica in distinct
+                             for runs in replica for run in runs for op in run.step.ops):
+        return [list(seen.values())]
+    return [[d] for d in seen.values()]
 
-    token_order: the engine's order, where a decode step begins on the first stage only once
-    the last stage has sampled the previous step's token (the transfer of that token is not
-    in the pattern and costs nothing here); without it, the replay's order."""
-    costs = Costs(pattern, topology)
-    pipe = Pipeline(len(pattern.stages))
+
+def _simulate_unit(pattern: Pattern, costs: Costs, dp_ranks: list[int], token_order: bool,
+                   ) -> tuple[list[float], list[float], list[dict[str, float]]]:
+    pp = pattern.layout.pp
+    lists = [pattern.runs(s, d) for d in dp_ranks for s in range(pp)]
+    pipe = Pipeline(len(dp_ranks), pp)
     prefill_end: list[float] | None = None
-    settle = len(pattern.stages) + TRANSIENT_STEPS
-    for phase, repeat, ops in _runs_by_step(pattern):
+    settle = pp + TRANSIENT_STEPS
+    for phase, repeat, ops in _runs_by_step(lists):
         if phase == Phase.DECODE and prefill_end is None:
             prefill_end = list(pipe.clock)
-        step_costs = [[costs.of(s, op) for op in stage_ops] for s, stage_ops in enumerate(ops)]
+        step_costs = [[costs.of(dp_ranks[v // pp], v % pp, op) for op in stage_ops]
+                      for v, stage_ops in enumerate(ops)]
         simulated = min(repeat, settle)
         before = pipe.snapshot()
         for _ in range(simulated):
             before = pipe.snapshot()
             if token_order and phase == Phase.DECODE:
-                pipe.clock[0] = max(pipe.clock[0], pipe.clock[-1])
+                for first in range(0, len(pipe.clock), pp):
+                    pipe.clock[first] = max(pipe.clock[first], pipe.clock[first + pp - 1])
             pipe.step(step_costs)
         left = repeat - simulated
         if left:  # steady state: every stage advances as much each step as in the last
@@ -440,10 +593,31 @@ def simulate(pattern: Pattern, topology: Topology, token_order: bool = False,
     return prefill_end, list(pipe.clock), pipe.kinds
 
 
+def simulate(pattern: Pattern, topology: Topology, token_order: bool = False,
+             ) -> tuple[list[float], list[float], list[dict[str, float]]]:
+    """(each simulated stage's clock at the end of the prefill, at the end, per-kind time),
+    over every distinct DP rank's stages.
+
+    token_order: the engine's order, where a decode step begins on the first stage only once
+    the last stage has sampled the previous step's token (the transfer of that token is not
+    in the pattern and costs nothing here); without it, the replay's order."""
+    costs = Costs(pattern, topology)
+    prefill_end: list[float] = []
+    end: list[float] = []
+    kinds: list[dict[str, float]] = []
+    for unit in _units(pattern, topology):
+        p, e, k = _simulate_unit(pattern, costs, unit, token_order)
+        prefill_end += p
+        end += e
+        kinds += k
+    return prefill_end, end, kinds
+
+
 def predict_pattern(pattern: Pattern, fits: FitTable | Topology, token_order: bool = False,
                     ) -> tuple[dict[str, float], list[str]]:
     """Predicted prefill, decode step, end to end and per op kind, each the slowest stage's
-    as replay reports the slowest rank's, and notes on extrapolation and bad fits.
+    of the slowest DP rank, as replay reports the slowest rank's, and notes on
+    extrapolation, bad fits and calls priced by proxy.
     token_order: decode steps in the engine's order (`simulate`), not the replay's."""
     topology = fits if isinstance(fits, Topology) else Topology(fits)
     steps = pattern.workload.decode_steps
@@ -464,6 +638,7 @@ def predict_pattern(pattern: Pattern, fits: FitTable | Topology, token_order: bo
         notes.add(f"{fit.op} over {fit.group_size} ranks: {len(sizes)} size(s) from "
                   f"{min(sizes)} to {max(sizes)} B outside the swept {fit.min_bytes}-"
                   f"{fit.max_bytes} B: extrapolated")
+    notes |= topology.notes
     for fit in {id(f): f for f in topology.fits_seen.values()}.values():
         if fit.scaled_from is not None:
             notes.add(f"{fit.op} over {fit.group_size} ranks: scaled from the sweep's "

@@ -21,12 +21,15 @@ examples:
       --decode 256 --batch 1 --sweep results/SWEEP --sweep-inter results/SWEEP_2NODES
   infercomm plan ... --budget-tpot-ms 5 --format json
 
-Every tp x pp of N ranks the model accepts (heads % tp == 0, pp <= layers) is predicted as
-`infercomm predict` does (the critical path through the stages), in the engine's order: a
-decode step starts once the previous step's token is sampled (one batch). Ranks sit as
-launchers place them: consecutive ranks per node, TP innermost, so a TP group wider than a
-node, or a PP hop between nodes, takes the --sweep-inter fits. Sorted best first: layouts
-that meet the budgets, then by end to end time, then by volume.
+Every dp x tp x pp of N ranks the model accepts (heads % tp == 0, pp <= layers; for a MoE
+model dp > 1 with --ep, dp x tp dividing the experts; for a dense one dp > 1 is independent
+replicas, priced as one replica) and the engine models (--engine refuses the rest; they are
+listed as left out) is predicted as `infercomm predict` does (the critical path through the
+stages, the slowest DP rank), in the engine's order: a decode step starts once the previous
+step's token is sampled (one batch). Ranks sit as launchers place them: consecutive ranks
+per node, TP innermost, then PP, then DP, so a TP, DP or EP group wider than a node, or a PP
+hop between nodes, takes the --sweep-inter fits. Sorted best first: layouts that meet the
+budgets, then by end to end time, then by volume.
 """
 
 

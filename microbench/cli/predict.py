@@ -92,7 +92,8 @@ def fits_table(topology: Topology) -> str:
             dropped = ",".join(format_bytes(d) for d in fit.dropped) or "-"
             ranks = str(fit.group_size) + (f" (scaled from {fit.scaled_from})"
                                            if fit.scaled_from is not None else "")
-            rows.append([level, fit.op, ranks, span, f"{p.alpha_us:.2f}", gbps,
+            op = fit.op + (f" (as {fit.stand_in})" if fit.stand_in else "")
+            rows.append([level, op, ranks, span, f"{p.alpha_us:.2f}", gbps,
                          f"{100 * fit.rms_rel_error:.1f}%{flag}", str(fit.points), dropped])
     return render_table(["level", "op", "ranks", "sizes", "alpha(us)", "1/beta(GB/s)",
                          "rms error", "points", "outliers left out"], rows,
@@ -147,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
         *[f"WARNING: {w}" for w in warnings]]))
     last: dict[str, Any] = {"sweep": str(sweep.path), "model": pattern.model.name,
                             "tp": pattern.layout.tp, "pp": pattern.layout.pp,
+                            "dp": pattern.layout.dp, "ep": pattern.layout.ep,
                             "prompt": pattern.workload.prompt,
                             "decode": pattern.workload.decode,
                             "predicted": {k: round(v, 3) for k, v in predicted.items()},
