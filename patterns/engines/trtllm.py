@@ -39,7 +39,8 @@ INFO = EngineInfo(
     not_modelled=(
         "AllReduce strategy AUTO (NCCL or one-/two-shot IPC kernels): every call is NCCL",
         "CUDA-graph padding when enable_padding is set (off by default)",
-        "attention DP and expert parallelism (its own issue); MoE experts replicated over TP",
+        "attention DP and expert parallelism (--dp and --ep are refused); MoE experts replicated "
+        "over TP",
         "the layer split of pipeline stages is taken as vLLM's get_pp_indices",
     ),
 )
