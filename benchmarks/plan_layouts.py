@@ -20,8 +20,8 @@ import statistics
 import sys
 import time
 
+from microbench.analysis.fits import Topology, fit_points, topology_from
 from microbench.analysis.layouts import Budget, plan, valid_layouts
-from microbench.analysis.predict import Topology, fit_points, topology_from
 from microbench.results.runs import load_run, sweep_table
 from microbench.sweep.busbw import SweepOp
 from patterns import EngineOptions, Layout, Workload, generate, resolve_model

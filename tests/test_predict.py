@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from microbench.analysis.predict import fit_points
+from microbench.analysis.fits import fit_points
 from microbench.cli.sweep import COLUMNS, SAMPLE_COLUMNS
 from microbench.results.store import csv_text
 from tests.conftest import last_json
@@ -134,7 +134,8 @@ def _flat(table: dict[tuple[str, int], float]) -> dict:
 
 
 def _two_levels(tmp_path, tp: int, pp: int, ranks_per_node: int):
-    from microbench.analysis.predict import Topology, predict_pattern
+    from microbench.analysis.fits import Topology
+    from microbench.analysis.predict import predict_pattern
     from patterns import Layout, Workload, from_hf_config, generate
 
     path = tmp_path / "config.json"
@@ -185,7 +186,8 @@ def test_tp4pp2_over_two_nodes_uses_the_inter_fit_only_for_its_sends(tmp_path):
 
 @pytest.mark.parametrize("decode, e2e", [(4, 27.0), (100, 15 + 99 * 4.0)])
 def test_pp4_costs_the_chain_along_the_pipeline(tmp_path, decode, e2e):
-    from microbench.analysis.predict import Topology, predict_pattern
+    from microbench.analysis.fits import Topology
+    from microbench.analysis.predict import predict_pattern
     from patterns import Layout, Workload, from_hf_config, generate
 
     pattern = generate("vllm-v0", from_hf_config(tiny_model(tmp_path)), Layout(pp=4),

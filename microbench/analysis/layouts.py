@@ -23,7 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from microbench.analysis.predict import Topology, predict_pattern
+from microbench.analysis.fits import Topology
+from microbench.analysis.predict import predict_pattern
 from microbench.argtypes import UsageError
 from patterns import ConfigError, Layout, ModelConfig, Pattern, volume_bytes
 from patterns.volume import as_number

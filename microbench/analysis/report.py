@@ -134,7 +134,8 @@ def _pattern_or_note(label: str, run: RunFolder, notes: list[str]) -> Pattern | 
 
 def predicted_rows(runs: list[tuple[str, RunFolder]], sweep: RunFolder,
                    notes: list[str]) -> list[dict[str, Any]]:
-    from microbench.analysis.predict import caveats, fit_sweep, predict_pattern
+    from microbench.analysis.fits import fit_sweep
+    from microbench.analysis.predict import caveats, predict_pattern
 
     fits = fit_sweep(sweep_table(sweep))
     rows = []
@@ -157,7 +158,8 @@ def plan_rows(runs: list[tuple[str, RunFolder]], sweep: RunFolder,
     """Every layout of each replayed pattern's world, predicted from the sweep in the
     replay's order (so that replays can be read against it), with the measured replays of
     the same model and workload beside their layout."""
-    from microbench.analysis.predict import fit_sweep, predict_pattern
+    from microbench.analysis.fits import fit_sweep
+    from microbench.analysis.predict import predict_pattern
 
     fits = fit_sweep(sweep_table(sweep))
     groups: dict[str, tuple[Pattern, dict[str, list[str]]]] = {}

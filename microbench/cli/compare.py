@@ -58,7 +58,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def predicted_for(base: RunFolder, sweep_path: str | None) -> dict[str, float] | None:
     if sweep_path is None:
         return None
-    from microbench.analysis.predict import fit_sweep, predict_pattern
+    from microbench.analysis.fits import fit_sweep
+    from microbench.analysis.predict import predict_pattern
     from microbench.results.runs import run_pattern, sweep_table
 
     sweep = load_run(sweep_path)

@@ -117,8 +117,8 @@ def csv_rows(priced: list[Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from microbench.analysis.fits import topology_from
     from microbench.analysis.layouts import Budget, plan
-    from microbench.analysis.predict import topology_from
     from microbench.cli.predict import load_sweep
     from microbench.results.runs import sweep_table
     from patterns import resolve_model

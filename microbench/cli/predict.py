@@ -7,14 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from microbench.analysis.predict import (
-    LARGE_RMS,
-    Fit,
-    Topology,
-    caveats,
-    predict_pattern,
-    topology_from,
-)
+from microbench.analysis.fits import LARGE_RMS, Fit, Topology, topology_from
+from microbench.analysis.predict import caveats, predict_pattern
 from microbench.argtypes import UsageError, positive_int
 from microbench.cli.pattern_args import add_pattern_arguments, pattern_from_args
 from microbench.results.runs import RunFolder, load_run, replay_samples, run_pattern, sweep_table
