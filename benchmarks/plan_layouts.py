@@ -24,7 +24,7 @@ from microbench.analysis.fits import Topology, fit_points, topology_from
 from microbench.analysis.layouts import Budget, plan, valid_layouts
 from microbench.results.runs import load_run, sweep_table
 from microbench.sweep.busbw import SweepOp
-from patterns import EngineOptions, Layout, Workload, generate, resolve_model
+from patterns import EngineOptions, Layout, ModelConfig, Workload, generate, resolve_model
 
 MODEL, GPUS, PER_NODE, PROMPT, GOAL_S = "llama-3.1-405b", 1024, 8, 2048, 5.0
 MOE_MODEL, MOE_GPUS, MOE_ENGINE = "deepseek-v3", 64, "vllm"
@@ -44,6 +44,22 @@ def topology(args: argparse.Namespace) -> Topology:
     return topology_from(sweep_table(load_run(args.sweep)), inter, PER_NODE)
 
 
+def plan_seconds(args: argparse.Namespace, model: ModelConfig, gpus: int, engine: str,
+                 decode: int) -> float:
+    """Median of 3 `plan` runs over every layout of `gpus` ranks."""
+    workload = Workload(PROMPT, decode)
+
+    def make(layout: Layout):
+        return generate(engine, model, layout, workload, EngineOptions())
+
+    runs = []
+    for _ in range(3):
+        start = time.perf_counter()
+        plan(model, gpus, make, topology(args), Budget())
+        runs.append(time.perf_counter() - start)
+    return statistics.median(runs)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", default=None)
@@ -53,17 +69,7 @@ def main() -> int:
     layouts, _ = valid_layouts(model, GPUS)
     figures: dict[str, float] = {}
     for decode in (256, 100_000):
-        workload = Workload(PROMPT, decode)
-
-        def make(layout: Layout, workload: Workload = workload):
-            return generate("vllm-v0", model, layout, workload, EngineOptions())
-
-        runs = []
-        for _ in range(3):
-            start = time.perf_counter()
-            plan(model, GPUS, make, topology(args), Budget())
-            runs.append(time.perf_counter() - start)
-        figures[f"plan_s_decode_{decode}"] = statistics.median(runs)
+        figures[f"plan_s_decode_{decode}"] = plan_seconds(args, model, GPUS, "vllm-v0", decode)
     widest = max(layouts, key=lambda s: s.pp)
     gen = []
     for _ in range(5):
@@ -85,17 +91,8 @@ def main() -> int:
     moe = resolve_model(MOE_MODEL)
     moe_layouts, _ = valid_layouts(moe, MOE_GPUS)
     for decode in (256, 100_000):
-        workload = Workload(PROMPT, decode)
-
-        def make_moe(layout: Layout, workload: Workload = workload):
-            return generate(MOE_ENGINE, moe, layout, workload, EngineOptions())
-
-        runs = []
-        for _ in range(3):
-            start = time.perf_counter()
-            plan(moe, MOE_GPUS, make_moe, topology(args), Budget())
-            runs.append(time.perf_counter() - start)
-        figures[f"moe_plan_s_decode_{decode}"] = statistics.median(runs)
+        figures[f"moe_plan_s_decode_{decode}"] = plan_seconds(args, moe, MOE_GPUS, MOE_ENGINE,
+                                                              decode)
     print(f"plan: {MOE_MODEL} on {MOE_GPUS} GPUs ({PER_NODE} per node), engine {MOE_ENGINE}, "
           f"prompt {PROMPT}: {len(moe_layouts)} valid layouts, "
           f"{sum(s.dp > 1 for s in moe_layouts)} with dp > 1")

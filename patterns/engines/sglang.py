@@ -36,7 +36,7 @@ from dataclasses import replace
 from patterns.dp_steps import SGLANG_IDLE_STEP, RankStep, align_dp_runs, build_replicas
 from patterns.dtypes import dtype_bytes
 from patterns.engines import EngineInfo, register
-from patterns.engines.stage import Stage, merge, pad_to, run, stages
+from patterns.engines.stage import Stage, merge, pad_to, run, stages, tp_model_calls
 from patterns.engines.vllm import PP_KEYS, pp_receive
 from patterns.errors import ConfigError
 from patterns.layout import Layout, Workload
@@ -99,13 +99,7 @@ def forward(st: Stage, tokens: int, rows: int, logit_rows: int | None = None) ->
     `logit_rows` rows (the padded batch under a decode graph, else `rows`)."""
     logit_rows = rows if logit_rows is None else logit_rows
     ops, shape = pp_receive(st, tokens)
-    if st.tp > 1:
-        if st.is_first:
-            ops.append(_allreduce(st, tokens, "embed_tokens"))
-        for layer in st.layers:
-            ops.append(_allreduce(st, tokens, f"layers.{layer}.self_attn.o_proj"))
-            ops += (moe_layer_ops(st, layer, tokens) if st.model.is_moe_layer(layer) else
-                    [_allreduce(st, tokens, f"layers.{layer}.{mlp_module(st.model, layer)}")])
+    ops += tp_model_calls(st, tokens, _allreduce, moe_layer_ops)
     if not st.is_last:
         ops += [st.p2p(OpKind.SEND, shape, f"pp.{key}", peer=st.index + 1) for key in PP_KEYS]
     elif st.tp > 1:

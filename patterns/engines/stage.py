@@ -1,9 +1,10 @@
 """What every profile's steps are built from: one pipeline stage and the ops its ranks issue."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from patterns.layout import Layout, Workload
-from patterns.models import ModelConfig
+from patterns.models import ModelConfig, mlp_module
 from patterns.ops import Op, OpKind, Phase, Step, Transport
 from patterns.pattern import EngineOptions, Run
 
@@ -92,3 +93,18 @@ def run(phase: Phase, ops: list[Op], tokens: int, rows: int, repeat: int = 1) ->
 def pad_to(sizes: list[int], tokens: int) -> int:
     """The smallest capture size >= tokens, or tokens itself above the largest."""
     return next((size for size in sizes if size >= tokens), tokens)
+
+
+def tp_model_calls(st: Stage, tokens: int, allreduce: Callable[[Stage, int, str], Op],
+                   moe_layer: Callable[[Stage, int, int], list[Op]]) -> list[Op]:
+    """The TP all-reduces of one forward pass, where every engine issues them: the
+    vocab-parallel embedding on the first stage, then per layer o_proj and the MLP's
+    down_proj, or the engine's MoE layer (`moe_layer`). None at tp 1."""
+    if st.tp == 1:
+        return []
+    ops = [allreduce(st, tokens, "embed_tokens")] if st.is_first else []
+    for layer in st.layers:
+        ops.append(allreduce(st, tokens, f"layers.{layer}.self_attn.o_proj"))
+        ops += (moe_layer(st, layer, tokens) if st.model.is_moe_layer(layer) else
+                [allreduce(st, tokens, f"layers.{layer}.{mlp_module(st.model, layer)}")])
+    return ops

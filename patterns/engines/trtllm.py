@@ -22,7 +22,7 @@ says so.
 """
 
 from patterns.engines import EngineInfo, register
-from patterns.engines.stage import Stage, merge, run, stages
+from patterns.engines.stage import Stage, merge, run, stages, tp_model_calls
 from patterns.layout import Layout, Workload
 from patterns.models import ModelConfig, mlp_module
 from patterns.ops import Op, OpKind, Phase
@@ -65,13 +65,7 @@ def forward(st: Stage, tokens: int, rows: int) -> list[Op]:
     keys = ("hidden_states", "residual")
     ops = [st.p2p(OpKind.RECV, (tokens, st.h), f"pp.{key}", peer=st.index - 1)
            for key in keys] if not st.is_first else []
-    if st.tp > 1:
-        if st.is_first:
-            ops.append(_allreduce(st, tokens, "embed_tokens"))
-        for layer in st.layers:
-            ops.append(_allreduce(st, tokens, f"layers.{layer}.self_attn.o_proj"))
-            ops += (moe_layer_ops(st, layer, tokens) if st.model.is_moe_layer(layer) else
-                    [_allreduce(st, tokens, f"layers.{layer}.{mlp_module(st.model, layer)}")])
+    ops += tp_model_calls(st, tokens, _allreduce, moe_layer_ops)
     if not st.is_last:
         ops += [st.p2p(OpKind.SEND, (tokens, st.h), f"pp.{key}", peer=st.index + 1)
                 for key in keys]
