@@ -43,6 +43,20 @@ def test_one_line_is_recovered_and_not_split():
     assert fit.rms_rel_error == pytest.approx(0.0, abs=1e-9)
 
 
+def test_fits_read_the_run_time_where_the_sweep_has_one():
+    from microbench.analysis.fits import fit_sweep
+    # The same sizes with median 10 + 0.001 x size but run time twice that: the fit is the
+    # run time's line (alpha 20, beta 0.002); a row without a run time (an older sweep)
+    # falls back to its median.
+    rows = [{"op": "allreduce", "group_size": 2, "size_bytes": s, "time_us": 10 + 0.001 * s,
+             "time_run_us": 20 + 0.002 * s} for s in SIZES]
+    fit = fit_sweep(rows)[("allreduce", 2)]
+    assert fit.pieces[0].alpha_us == pytest.approx(20.0)
+    assert fit.pieces[0].beta_us_per_byte == pytest.approx(0.002)
+    old = [dict(r, time_run_us=float("nan")) for r in rows]
+    assert fit_sweep(old)[("allreduce", 2)].time_us(1000) == pytest.approx(11.0)
+
+
 def test_a_protocol_switch_is_found():
     # Eager below 128 KiB (10 us + 0.002 us/B), rendezvous from 128 KiB (100 us + 0.0005
     # us/B): 7 sizes below (8 B .. 32 KiB) and 4 from 128 KiB, each piece >= 3 points.

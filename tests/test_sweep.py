@@ -220,3 +220,23 @@ def test_case_level_by_placement():
                                                           (False, 1)]
     assert case_level(strided, nodes) == "inter"
     assert Case(SweepOp.STREAM, 64, 32, "bf16", 3).stream_peer(2) is None  # odd: idles
+
+
+def test_run_time_sums_runs_of_back_to_back_calls():
+    import numpy as np
+
+    from microbench.sweep.cases import rank_max, run_time
+    # Two ranks taking turns being late: rank 0's calls take 7, 9, 7, 9 ... us, rank 1's
+    # 9, 7, 9, 7 ... Every iteration's slowest rank took 9 us, but a run of 10 calls takes
+    # each rank 5 x 7 + 5 x 9 = 80 us: 8 us a call.
+    turns = [np.array([7.0, 9.0] * 10), np.array([9.0, 7.0] * 10)]
+    assert float(np.median(rank_max(turns))) == 9.0
+    assert run_time(turns) == pytest.approx(8.0)
+    # One call in five woken late (11 us instead of 1): the median call is 1 us, a run of
+    # 10 holds two late calls, 8 x 1 + 2 x 11 = 30 us, 3 us a call. A rank outside the
+    # group (None) is ignored; 25 iterations make two runs, the last 5 are left over.
+    late = np.array([1.0, 1.0, 11.0, 1.0, 1.0] * 5)
+    assert float(np.median(late)) == 1.0
+    assert run_time([late, None]) == pytest.approx(3.0)
+    # Fewer iterations than a run: the median iteration's slowest rank.
+    assert run_time([np.array([4.0, 6.0, 5.0])], calls=10) == 5.0

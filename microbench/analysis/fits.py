@@ -1,9 +1,11 @@
 """Fits of a sweep: time = alpha + bytes x beta, per (collective, group size) and level.
 
-One fit per (collective, group size), over the sweep's median times. The fit minimises the
-squared *relative* error, sum(((alpha + beta x) - t) / t)^2, so 8-byte and 128-MiB points
-count alike (plain least squares would fit the large sizes and miss the small ones by
-orders of magnitude). alpha and beta are kept >= 0.
+One fit per (collective, group size), over the sweep's per-call time within runs of calls
+back to back (`time_run_us`, sweep/cases.py `run_time`: what a replay's steps are made of);
+sweeps written before that column existed are fitted on their median times. The fit
+minimises the squared *relative* error, sum(((alpha + beta x) - t) / t)^2, so 8-byte and
+128-MiB points count alike (plain least squares would fit the large sizes and miss the
+small ones by orders of magnitude). alpha and beta are kept >= 0.
 
 Piecewise where the data says so: libraries switch protocol (eager to rendezvous, ring to
 tree) at some size, which bends the curve. Every split point leaving at least MIN_POINTS
@@ -152,13 +154,21 @@ def fit_levels(rows: list[dict[str, Any]]) -> dict[str, dict[tuple[str, int], Fi
 
 
 def fit_sweep(rows: list[dict[str, Any]]) -> dict[tuple[str, int], Fit]:
-    """One fit per (op, group size) from sweep.csv rows (median times)."""
+    """One fit per (op, group size) from sweep.csv rows (run times, else median times)."""
     points: dict[tuple[str, int], tuple[list[int], list[float]]] = {}
     for r in rows:
         sizes, times = points.setdefault((r["op"], int(r["group_size"])), ([], []))
         sizes.append(int(r["size_bytes"]))
-        times.append(float(r["time_us"]))
+        times.append(float(point_time(r)))
     return {key: fit_points(key[0], key[1], s, t) for key, (s, t) in points.items()}
+
+
+def point_time(row: dict[str, Any]) -> float:
+    """The time a fit reads from a sweep.csv row: `time_run_us` where the sweep wrote it."""
+    run = row.get("time_run_us")
+    if run is None or run == "" or (isinstance(run, float) and np.isnan(run)):
+        return float(row["time_us"])
+    return float(run)
 
 
 FitTable = dict[tuple[str, int], Fit]

@@ -35,7 +35,7 @@ output, reducescatter's input), count the elements one rank passes to the librar
 """
 
 COLUMNS = ["op", "size_bytes", "count", "dtype", "group_size", "time_us", "time_p5_us",
-           "time_p95_us", "algbw_gbps", "busbw_gbps", "wrong"]
+           "time_p95_us", "time_run_us", "algbw_gbps", "busbw_gbps", "wrong"]
 SAMPLE_COLUMNS = ["op", "size_bytes", "dtype", "group_size", "iteration", "time_us"]
 DEFAULT_MIN, DEFAULT_MAX, DEFAULT_FACTOR = 8, 32 << 20, 2
 
@@ -225,7 +225,7 @@ def run_rank(cases: list[Case], skipped: list[str], pattern: Pattern | None,
 def sweep_rows(cases: list[Case], gathered: list[tuple[str, list[Any]]],
                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(sweep.csv rows, samples.csv rows) from every rank's raw durations."""
-    from microbench.sweep.cases import rank_max, stats
+    from microbench.sweep.cases import rank_max, run_time, stats
 
     rows, samples = [], []
     for i, case in enumerate(cases):
@@ -237,6 +237,7 @@ def sweep_rows(cases: list[Case], gathered: list[tuple[str, list[Any]]],
             "op": case.op.value, "size_bytes": case.size_bytes, "count": case.count,
             "dtype": case.dtype, "group_size": case.group_size, "time_us": round(median, 3),
             "time_p5_us": round(p5, 3), "time_p95_us": round(p95, 3),
+            "time_run_us": round(run_time(per_rank), 3),
             "algbw_gbps": round(algbw_gbps(case.size_bytes, median), 6),
             "busbw_gbps": round(busbw_gbps(case.op, case.size_bytes, median,
                                            case.group_size), 6),
@@ -325,15 +326,17 @@ def sweep_table(rows: list[dict[str, Any]], head: dict[str, Any], hosts: list[st
     lines = [f"# infercomm sweep: {head['backend']} ({head['transport']}) on {head['device']}, "
              f"{head['world_size']} ranks on {len(set(hosts))} host(s); {head['iterations']} "
              f"timed calls after {head['warmup']} warm-up; time = median of the slowest "
-             "rank's, GB/s = 1e9 bytes/s"]
-    header = ["size", "count", "type", "time(us)", "p5(us)", "p95(us)", "algbw(GB/s)",
+             "rank's, run = a call's share of 10 back to back (what predict fits), "
+             "GB/s = 1e9 bytes/s"]
+    header = ["size", "count", "type", "time(us)", "p5(us)", "p95(us)", "run(us)", "algbw(GB/s)",
               "busbw(GB/s)", "#wrong"] + (["calls/inference"] if with_calls else [])
     for op in dict.fromkeys(r["op"] for r in rows):
         for n in sorted({r["group_size"] for r in rows if r["op"] == op}):
             block = [r for r in rows if r["op"] == op and r["group_size"] == n]
             body = [[f"{r['size_bytes']} ({format_bytes(r['size_bytes'])})", str(r["count"]),
                      r["dtype"], f"{r['time_us']:.2f}", f"{r['time_p5_us']:.2f}",
-                     f"{r['time_p95_us']:.2f}", f"{r['algbw_gbps']:.4f}",
+                     f"{r['time_p95_us']:.2f}", f"{r['time_run_us']:.2f}",
+                     f"{r['algbw_gbps']:.4f}",
                      f"{r['busbw_gbps']:.4f}",
                      "N/A" if r["wrong"] is None else str(r["wrong"])]
                     + ([f"{r['calls_per_inference']:,}"] if with_calls else [])

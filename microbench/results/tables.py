@@ -45,7 +45,8 @@ SCHEMAS = {
         {"op": "str", "size_bytes": "int", "group_size": "int", "time_us": "float",
          "time_p5_us": "float", "time_p95_us": "float", "algbw_gbps": "float",
          "busbw_gbps": "float"},
-        {"count": "int", "dtype": "str", "wrong": "int", "calls_per_inference": "int"}),
+        {"count": "int", "dtype": "str", "wrong": "int", "calls_per_inference": "int",
+         "time_run_us": "float"}),
 }
 
 # The file each kind cannot do without (its per-iteration samples).

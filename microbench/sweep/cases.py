@@ -234,6 +234,29 @@ def rank_max(per_rank: list[np.ndarray | None]) -> np.ndarray:
     return np.max([s for s in per_rank if s is not None], axis=0)
 
 
+# Calls per run for `run_time`: about a decode step of a small model (2 calls a layer).
+RUN_CALLS = 10
+
+
+def run_time(per_rank: list[np.ndarray | None], calls: int = RUN_CALLS) -> float:
+    """Per-call time of `calls` calls issued back to back, as a replay issues a step's.
+
+    Per rank, the timed iterations are summed in consecutive runs of `calls`; per run the
+    slowest rank's sum counts; the figure is the median run / `calls`. The median of
+    per-iteration maxima overstates such runs where ranks take turns being late (each
+    rank's long call is followed by a short one, so the run sums agree but every iteration's
+    maximum is a long call), and understates them where one call in a few is delayed (a
+    sleeping rank woken late, as gloo's are; a run of 10 holds such calls, one iteration's
+    median does not). Fewer iterations than `calls`: the median iteration's maximum.
+    """
+    arrays = [s for s in per_rank if s is not None]
+    n = min(len(s) for s in arrays) // calls * calls
+    if n == 0:
+        return float(np.median(rank_max(per_rank)))
+    sums = np.max([s[:n].reshape(-1, calls).sum(axis=1) for s in arrays], axis=0)
+    return float(np.median(sums)) / calls
+
+
 def stats(samples: np.ndarray) -> tuple[float, float, float]:
     """(median, p5, p95) of the rank-max samples."""
     p5, median, p95 = np.percentile(samples, [5, 50, 95])
