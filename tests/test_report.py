@@ -38,12 +38,13 @@ def test_report_is_one_self_contained_page(cli, tmp_path):
     # Nothing to fetch: no external links, scripts or style sheets.
     assert "http" not in page and "<script" not in page and "<link" not in page
     assert "<style>" in page and "Run vs baseline" in page and "Predicted vs measured" in page
-    # The plan page: both layouts of 2 ranks predicted, the two TP2 replays measured beside
-    # TP2, none beside PP2; the gloo replay (A) read against the MPI sweep is said.
+    # The plan page: the three layouts of 2 ranks as `plan` lists them (dp 1: tp 1, 2; then
+    # dp 2, two replicas with no communication), the two TP2 replays measured beside TP2,
+    # none beside PP2 or DP2; the gloo replay (A) read against the MPI sweep is said.
     assert "Layouts (plan)" in page
     rows = re.findall(r"<tr><td>llama-3.2-1b, 2 ranks[^<]*</td><td>(\w+)</td>(.*?)</tr>", page)
-    assert [layout for layout, _ in rows] == ["PP2", "TP2"]  # layouts_for: tp = 1, 2
-    assert rows[0][1].endswith("<td>-</td>")
+    assert [layout for layout, _ in rows] == ["PP2", "TP2", "DP2"]
+    assert rows[0][1].endswith("<td>-</td>") and rows[2][1].endswith("<td>-</td>")
     assert re.search(r"<td>A [0-9.]+ ms, B [0-9.]+ ms</td>$", rows[1][1])
     assert "A: the sweep ran with backend mpi and the replay with torch" in page
 

@@ -69,9 +69,13 @@ def layouts_for(pattern: Pattern) -> list[Layout]:
 
 
 def _name(layout: Layout) -> str:
-    if layout.pp == 1:
-        return f"TP{layout.tp}"
-    return f"PP{layout.pp}" if layout.tp == 1 else f"TP{layout.tp}xPP{layout.pp}"
+    """TP2, PP2, TP2xPP2, DP2 (replicas), DP2xTP2 EP; TP1 for one rank."""
+    parts = [f"DP{layout.dp}"] if layout.dp > 1 else []
+    if layout.tp > 1 or (layout.pp == 1 and layout.dp == 1):
+        parts.append(f"TP{layout.tp}")
+    if layout.pp > 1:
+        parts.append(f"PP{layout.pp}")
+    return "x".join(parts) + (" EP" if layout.ep else "")
 
 
 def volume_rows(pattern: Pattern) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -155,10 +159,12 @@ def predicted_rows(runs: list[tuple[str, RunFolder]], sweep: RunFolder,
 
 def plan_rows(runs: list[tuple[str, RunFolder]], sweep: RunFolder,
               notes: list[str]) -> list[dict[str, Any]]:
-    """Every layout of each replayed pattern's world, predicted from the sweep in the
-    replay's order (so that replays can be read against it), with the measured replays of
-    the same model and workload beside their layout."""
+    """Every layout of each replayed pattern's world (dp x tp x pp, with ep for MoE models,
+    as `plan` enumerates them), predicted from the sweep in the replay's order (so that
+    replays can be read against it), with the measured replays of the same model and
+    workload beside their layout."""
     from microbench.analysis.fits import fit_sweep
+    from microbench.analysis.layouts import layout_of, valid_layouts
     from microbench.analysis.predict import predict_pattern
 
     fits = fit_sweep(sweep_table(sweep))
@@ -175,7 +181,8 @@ def plan_rows(runs: list[tuple[str, RunFolder]], sweep: RunFolder,
     for pattern, measured in groups.values():
         title = (f"{pattern.model.name}, {pattern.layout.world_size} ranks, prompt "
                  f"{pattern.workload.prompt}, decode {pattern.workload.decode}")
-        for layout in layouts_for(pattern):
+        shapes, _ = valid_layouts(pattern.model, pattern.layout.world_size)
+        for layout in (layout_of(shape) for shape in shapes):  # as `plan` lists them
             try:
                 other = generate(pattern.engine, pattern.model, layout, pattern.workload,
                                  pattern.options)
