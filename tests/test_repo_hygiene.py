@@ -36,3 +36,12 @@ def test_no_demo_run_is_tracked_under_results():
     stray = [p for p in tracked
              if p != "results/README.md" and not p.startswith("results/examples/")]
     assert stray == []
+
+
+def test_no_run_folder_is_tracked_outside_results():
+    # A run folder (its meta.json) committed from a command run at the repository root
+    # (33928ee had one); committed runs live under results/examples/ with their README.
+    tracked = _git("ls-files").stdout.split()
+    stray = [p for p in tracked if Path(p).name == "meta.json"
+             and not p.startswith(("results/examples/", "tests/data/"))]
+    assert stray == []
