@@ -66,8 +66,9 @@ def main() -> None:
     args = parser.parse_args()
     layouts = args.layouts.split(",")
     unknown = [name for name in layouts if name not in LAYOUTS]
-    if unknown or args.rounds < 2:
-        sys.exit(f"--layouts takes {', '.join(LAYOUTS)}; --rounds at least 2")
+    if unknown or args.rounds < 2:  # one line, exit 2
+        parser.error(f"--layouts takes {', '.join(LAYOUTS)} (got {args.layouts}); "
+                     f"--rounds at least 2 (got {args.rounds})")
     cores = len(os.sched_getaffinity(0))
     out = Path(args.out or tempfile.mkdtemp(prefix="infercomm-accuracy-"))
     model = out / "config.json"
