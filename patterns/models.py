@@ -33,6 +33,18 @@ class ModelConfig:
     moe_layers: tuple[int, ...] | None = None
     mla: bool = False  # multi-head latent attention (DeepSeek: kv_lora_rank in the config)
     max_position_embeddings: int = 0  # longest sequence the model takes; 0 when not known
+    # Weight shapes beyond what communication needs (patterns/weights.py); 0: derived
+    # (head_dim = hidden / heads, moe_intermediate_size = intermediate_size).
+    head_dim: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0  # DeepSeek: n_shared_experts x moe size
+    # MLA (DeepSeek): q_lora_rank 0 means q is projected directly.
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    weight_format: str = ""  # quantization_config.quant_method: "fp8", "mxfp4" or ""
 
     def __post_init__(self) -> None:
         if self.moe_layers is None:
@@ -117,19 +129,23 @@ PRESETS: dict[str, ModelConfig] = {m.name: m for m in (
     ModelConfig(name="qwen3-30b-a3b", hidden_size=2048, num_hidden_layers=48,
                 vocab_size=151936, num_attention_heads=32, num_key_value_heads=4,
                 intermediate_size=6144, torch_dtype="bf16", num_local_experts=128,
-                num_experts_per_tok=8, model_type="qwen3_moe",
+                num_experts_per_tok=8, model_type="qwen3_moe", head_dim=128,
+                moe_intermediate_size=768,
                 source=_HF + "Qwen/Qwen3-30B-A3B config.json (copy: tests/data/configs/"
                        "qwen3-30b-a3b)"),
     ModelConfig(name="deepseek-v3", hidden_size=7168, num_hidden_layers=61, vocab_size=129280,
                 num_attention_heads=128, num_key_value_heads=128, intermediate_size=18432,
                 torch_dtype="bf16", num_local_experts=256, num_experts_per_tok=8,
                 model_type="deepseek_v3", moe_layers=tuple(range(3, 61)), mla=True,
+                moe_intermediate_size=2048, shared_expert_intermediate_size=2048,
+                q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
+                qk_rope_head_dim=64, v_head_dim=128, weight_format="fp8",
                 source=_HF + "deepseek-ai/DeepSeek-V3 config.json (= DeepSeek-R1's, copy: "
                        "tests/data/configs/deepseek-r1; first_k_dense_replace 3, MLA)"),
     ModelConfig(name="gpt-oss-120b", hidden_size=2880, num_hidden_layers=36, vocab_size=201088,
                 num_attention_heads=64, num_key_value_heads=8, intermediate_size=2880,
                 torch_dtype="fp32", num_local_experts=128, num_experts_per_tok=4,
-                model_type="gpt_oss",
+                model_type="gpt_oss", head_dim=64, weight_format="mxfp4",
                 source=_HF + "openai/gpt-oss-120b config.json (as tests/data/configs/"
                        "gpt-oss-20b with 36 layers, 128 experts; no torch_dtype: bf16)"),
 )}
@@ -188,6 +204,22 @@ def _positive_int(raw: dict[str, object], field: str, where: str) -> int:
     return value
 
 
+def _weight_shapes(raw: dict[str, object]) -> dict[str, object]:
+    """The config's weight-shape fields that ModelConfig keeps (absent or null: 0)."""
+    def size(field: str) -> int:
+        value = raw.get(field)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+    moe = size("moe_intermediate_size")
+    shared = size("shared_expert_intermediate_size") or size("n_shared_experts") * moe
+    quant = raw.get("quantization_config")
+    method = str(quant.get("quant_method", "")) if isinstance(quant, dict) else ""
+    return {"head_dim": size("head_dim"), "moe_intermediate_size": moe,
+            "shared_expert_intermediate_size": shared, "q_lora_rank": size("q_lora_rank"),
+            "kv_lora_rank": size("kv_lora_rank"), "qk_nope_head_dim": size("qk_nope_head_dim"),
+            "qk_rope_head_dim": size("qk_rope_head_dim"), "v_head_dim": size("v_head_dim"),
+            "weight_format": method if method in ("fp8", "mxfp4") else ""}
+
+
 def from_hf_config(path: str | Path) -> ModelConfig:
     """Read a Hugging Face `config.json` (or a folder holding one)."""
     file = Path(path)
@@ -242,6 +274,7 @@ def from_hf_config(path: str | Path) -> ModelConfig:
         model_type=str(raw.get("model_type") or "llama"),
         moe_layers=_moe_layers(raw, values["num_hidden_layers"], experts),
         mla=bool(raw.get("kv_lora_rank")),
+        **_weight_shapes(raw),
         max_position_embeddings=(positions if isinstance(positions, int)
                                  and not isinstance(positions, bool) and positions > 0 else 0),
         **values,

@@ -17,6 +17,8 @@ refuses an EP group that does not divide the experts. A dense model's dp > 1 is 
 independent replicas: their figures are one replica's communication (the slowest), the
 volume the whole deployment's, and each replica serves its own batch. The engine profile
 refuses what it cannot model (a ConfigError), and plan lists it as refused with that message.
+Memory is checked only by weights (patterns/weights.py, the heaviest rank's), and only when a
+GPU's memory is given: communication is what is priced.
 """
 
 from collections.abc import Callable
@@ -26,8 +28,12 @@ from typing import Any
 from microbench.analysis.fits import Topology
 from microbench.analysis.predict import predict_pattern
 from microbench.argtypes import UsageError
+from microbench.views.textfmt import format_bytes
 from patterns import ConfigError, Layout, ModelConfig, Pattern, volume_bytes
 from patterns.volume import as_number
+from patterns.weights import gpu_weight_bytes
+
+GIB = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,7 @@ class Priced:
     meets_budget: bool
     crosses_nodes: bool
     notes: tuple[str, ...]
+    weight_bytes: int = 0  # the heaviest rank's weights (patterns/weights.py)
     best: bool = False
 
     def as_dict(self) -> dict[str, Any]:
@@ -68,7 +75,7 @@ class Priced:
                 "decode_step_us": round(self.decode_step_us, 3),
                 "e2e_us": round(self.e2e_us, 3), "volume_bytes": self.volume_bytes,
                 "meets_budget": self.meets_budget, "crosses_nodes": self.crosses_nodes,
-                "best": self.best}
+                "weight_bytes_per_gpu": self.weight_bytes, "best": self.best}
 
 
 def _divisors(n: int) -> list[int]:
@@ -111,7 +118,8 @@ def valid_layouts(model: ModelConfig, gpus: int) -> tuple[list[Shape], list[str]
     return kept, refused
 
 
-def price(pattern: Pattern, shape: Shape, topology: Topology, budget: Budget) -> Priced:
+def price(pattern: Pattern, shape: Shape, topology: Topology, budget: Budget,
+          weight_bytes: int = 0) -> Priced:
     topology.reset()
     predicted, notes = predict_pattern(pattern, topology, token_order=True)
     if shape.dp > 1 and not shape.ep:
@@ -121,13 +129,15 @@ def price(pattern: Pattern, shape: Shape, topology: Topology, budget: Budget) ->
     prefill, step = predicted["prefill_us"], predicted.get("decode_step_us", 0.0)
     return Priced(shape, prefill, step, predicted["e2e_us"],
                   as_number(volume_bytes(pattern)["total"]), budget.met(prefill, step),
-                  "inter" in topology.used, tuple(notes))
+                  "inter" in topology.used, tuple(notes), weight_bytes)
 
 
 def plan(model: ModelConfig, gpus: int, make_pattern: Callable[[Layout], Pattern],
-         topology: Topology, budget: Budget) -> tuple[list[Priced], list[str]]:
+         topology: Topology, budget: Budget, gpu_memory_bytes: int | None = None,
+         ) -> tuple[list[Priced], list[str]]:
     """Every valid layout priced, best first: those meeting the budget before the others,
-    then by end to end, then by volume. The first is marked best."""
+    then by end to end, then by volume. The first is marked best. With `gpu_memory_bytes`,
+    a layout whose heaviest rank's weights exceed it is left out, said with its figure."""
     kept, refused = valid_layouts(model, gpus)
     priced = []
     for shape in kept:
@@ -136,8 +146,16 @@ def plan(model: ModelConfig, gpus: int, make_pattern: Callable[[Layout], Pattern
         except ConfigError as err:
             refused.append(f"{label(shape)}: {err}")
             continue
+        dtype = pattern.workload.dtype or model.default_dtype
+        weights = gpu_weight_bytes(model, pattern.layout, dtype)
+        if gpu_memory_bytes is not None and weights > gpu_memory_bytes:
+            stored = f"{model.weight_format} checkpoint" if model.weight_format else dtype
+            refused.append(f"{label(shape)}: weights need {format_bytes(weights)} a GPU "
+                           f"({stored}), more than --gpu-memory {gpu_memory_bytes / GIB:g} "
+                           "GiB")
+            continue
         try:  # a call the sweeps cannot price (an op they lack) leaves this layout out
-            priced.append(price(pattern, shape, topology, budget))
+            priced.append(price(pattern, shape, topology, budget, weights))
         except UsageError as err:
             refused.append(f"{label(shape)}: not priced: {err}")
     if not priced:

@@ -29,7 +29,8 @@ stages, the slowest DP rank), in the engine's order: a decode step starts once t
 step's token is sampled (one batch). Ranks sit as launchers place them: consecutive ranks
 per node, TP innermost, then PP, then DP, so a TP, DP or EP group wider than a node, or a PP
 hop between nodes, takes the --sweep-inter fits. Sorted best first: layouts that meet the
-budgets, then by end to end time, then by volume.
+budgets, then by end to end time, then by volume. Each shows the weights its heaviest rank
+holds (patterns/weights.py); --gpu-memory GIB leaves out those that do not fit.
 """
 
 
@@ -53,6 +54,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="communication budget of the prefill (TTFT share)")
     group.add_argument("--budget-tpot-ms", type=float, default=None, metavar="MS",
                        help="communication budget of a decode step (TPOT share)")
+    group.add_argument("--gpu-memory", type=float, default=None, metavar="GIB",
+                       help="GiB of memory a GPU has (80 for an H100, 141 for an H200): "
+                            "layouts whose weights do not fit are left out (weights only; "
+                            "the KV cache needs more)")
     group.add_argument("--format", choices=("table", "json", "csv"), default="table",
                        help="table (default), json (one document) or csv")
     add_pattern_arguments(parser, layout=False)
@@ -73,20 +78,21 @@ def document(args: argparse.Namespace, priced: list[Any], refused: list[str],
             "prompt": args.prompt, "decode": args.decode, "batch": args.batch,
             "engine": args.engine, "sweep": args.sweep, "sweep_inter": args.sweep_inter,
             "budget_ttft_ms": args.budget_ttft_ms, "budget_tpot_ms": args.budget_tpot_ms,
-            "scope": SCOPE, "layouts": [p.as_dict() for p in priced], "refused": refused,
-            "notes": notes}
+            "gpu_memory_gib": args.gpu_memory, "scope": SCOPE,
+            "layouts": [p.as_dict() for p in priced], "refused": refused, "notes": notes}
 
 
 def table(doc: dict[str, Any], priced: list[Any]) -> str:
     budgeted = doc["budget_ttft_ms"] is not None or doc["budget_tpot_ms"] is not None
     header = ["", "tp", "pp", "dp", "ep", "prefill", "decode step", "end to end", "volume",
-              "nodes"] + (["budget"] if budgeted else [])
+              "weights/GPU", "nodes"] + (["budget"] if budgeted else [])
     rows = []
     for p in priced:
         row = ["best" if p.best else "", str(p.shape.tp), str(p.shape.pp), str(p.shape.dp),
                "yes" if p.shape.ep else "no", format_us(p.prefill_us),
                format_us(p.decode_step_us), format_us(p.e2e_us),
-               format_bytes(float(p.volume_bytes)), "spans" if p.crosses_nodes else "one"]
+               format_bytes(float(p.volume_bytes)), format_bytes(float(p.weight_bytes)),
+               "spans" if p.crosses_nodes else "one"]
         if budgeted:
             row.append("meets" if p.meets_budget else "over")
         rows.append(row)
@@ -125,6 +131,10 @@ def run(args: argparse.Namespace) -> int:
 
     budget = Budget(_budget_us("--budget-ttft-ms", args.budget_ttft_ms),
                     _budget_us("--budget-tpot-ms", args.budget_tpot_ms))
+    memory = args.gpu_memory
+    if memory is not None and not memory > 0:
+        raise UsageError(f"--gpu-memory {memory} must be a positive number of GiB "
+                         "(80 for an H100)")
     model = resolve_model(args.model)
     sweep = load_sweep("--sweep", args.sweep)
     inter = load_sweep("--sweep-inter", args.sweep_inter) if args.sweep_inter else None
@@ -139,8 +149,12 @@ def run(args: argparse.Namespace) -> int:
                                                     dp=layout.dp, ep=layout.ep,
                                                     dp_batches=None))
 
-    priced, refused = plan(model, args.gpus, make_pattern, topology, budget)
+    priced, refused = plan(model, args.gpus, make_pattern, topology, budget,
+                           None if memory is None else int(memory * (1 << 30)))
     notes = sorted({n for p in priced for n in p.notes})
+    if memory is None:
+        notes.append("memory is not checked: a layout whose weights do not fit a GPU is "
+                     "listed too (--gpu-memory GIB leaves those out; weights/GPU column)")
     doc = document(args, priced, refused, notes)
     if args.format == "json":
         print(json.dumps(doc, separators=(",", ":")))

@@ -1,0 +1,108 @@
+"""patterns/weights.py: parameter counts checked against the published totals, and the
+weights one GPU holds under a layout checked by hand; `plan --gpu-memory` leaves out the
+layouts that do not fit."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from patterns import Layout, from_hf_config, resolve_model
+from patterns.weights import gpu_weight_bytes, total_params
+from tests.conftest import last_json
+from tests.replay_helpers import tiny_model
+from tests.test_plan import FLAT, PLAN, fake_sweep
+
+CONFIGS = Path(__file__).parent / "data" / "configs"
+
+
+@pytest.mark.parametrize("name, params", [
+    # Llama-3.1-8B, h 4096, 32 layers, vocab 128256, 8 KV heads of 128, MLP 14336, untied:
+    # embedding and LM head 2 x 128256 x 4096 = 1,050,673,152; a layer q 4096^2 + k, v
+    # 2 x 4096 x 1024 + o 4096^2 + MLP 3 x 4096 x 14336 + 2 norms x 4096 = 218,112,000,
+    # x 32 = 6,979,584,000; final norm 4096: 8,030,261,248 (its model card: 8.03B).
+    ("llama-3.1-8b", 8_030_261_248),
+    # Llama-3.1-70B, h 8192, 80 layers, MLP 28672: 2 x 128256 x 8192 = 2,101,346,304; a
+    # layer 2 x 8192^2 + 2 x 8192 x 1024 + 3 x 8192 x 28672 + 2 x 8192 = 855,654,400, x 80 =
+    # 68,452,352,000; + 8192: 70,553,706,496 (model card: 70.6B).
+    ("llama-3.1-70b", 70_553_706_496),
+    # Mixtral-8x7B: 2 x 32000 x 4096 = 262,144,000; a layer's attention 41,943,040, 8
+    # experts x 3 x 4096 x 14336 = 1,409,286,144, router 4096 x 8, norms 8192: 1,451,270,144,
+    # x 32 = 46,440,644,608; + 4096: 46,702,792,704 (model card: 46.7B).
+    ("mixtral-8x7b", 46_702_792_704),
+])
+def test_dense_and_mixtral_counts_by_hand(name, params):
+    assert total_params(resolve_model(name)) == params
+
+
+@pytest.mark.parametrize("name, published, tolerance", [
+    # Model cards: DeepSeek-V3 "671B total parameters" (the 14B MTP module apart), Qwen3-
+    # 30B-A3B "30.5B", gpt-oss-120b "116.8B" (biases and sinks, not counted, make the rest),
+    # Llama-3.1-405B 405.85B.
+    ("deepseek-v3", 671e9, 0.001), ("qwen3-30b-a3b", 30.5e9, 0.002),
+    ("gpt-oss-120b", 116.8e9, 0.001), ("llama-3.1-405b", 405.85e9, 0.0005),
+])
+def test_moe_and_mla_counts_match_the_model_cards(name, published, tolerance):
+    assert total_params(resolve_model(name)) == pytest.approx(published, rel=tolerance)
+
+
+def test_tp8_of_llama_70b_by_hand():
+    # A rank of TP8: per layer q and o 8192^2 / 8 each, k and v one KV head each (8 heads
+    # over 8 ranks) 8192 x 128, MLP 3 x 8192 x 28672 / 8, norms 2 x 8192: 106,971,136, x 80
+    # = 8,557,690,880; embedding and LM head 128256 x 8192 / 8 each = 2 x 131,334,144;
+    # final norm 8192: 8,820,367,360 parameters, bf16: 17,640,734,720 bytes.
+    model = resolve_model("llama-3.1-70b")
+    assert gpu_weight_bytes(model, Layout(tp=8), "bf16") == 17_640_734_720
+
+
+def test_expert_parallel_holds_whole_experts_and_full_attention():
+    # Mixtral DP2 with EP over 2 ranks: each rank has the whole attention (41,943,040 a
+    # layer), 4 whole experts (4 x 3 x 4096 x 14336 = 704,643,072), router and norms
+    # (32,768 + 8192): 746,627,072 x 32 = 23,892,066,304; embedding and LM head unsplit
+    # 2 x 131,072,000; final norm 4096: 24,154,214,400 parameters, 48,308,428,800 bytes.
+    model = resolve_model("mixtral-8x7b")
+    assert gpu_weight_bytes(model, Layout(tp=1, dp=2, ep=True), "bf16") == 48_308_428_800
+    # TP2 splits the experts instead: same expert bytes, half the attention and vocab.
+    assert gpu_weight_bytes(model, Layout(tp=2), "bf16") < 48_308_428_800
+
+
+def test_quantized_checkpoints_from_their_config():
+    deepseek = from_hf_config(f"{CONFIGS}/deepseek-r1")
+    assert (deepseek.weight_format, deepseek.q_lora_rank, deepseek.kv_lora_rank,
+            deepseek.moe_intermediate_size, deepseek.shared_expert_intermediate_size) == (
+        "fp8", 1536, 512, 2048, 2048)
+    # The fp8 checkpoint: the decoder's matrices D in 1 byte, embedding and LM head V in 2;
+    # against bf16 everywhere (D + 2V) / (2D + 2V) = 0.5 + V / (2D + 2V): V / D is 0.27% on
+    # a rank of TP8 (2 x 129280 x 7168 / 8 = 231.7 M of 84.5 G parameters).
+    fp8 = gpu_weight_bytes(deepseek, Layout(tp=8), "bf16")
+    assert 0.50 < fp8 / gpu_weight_bytes(replace(deepseek, weight_format=""), Layout(tp=8),
+                                         "bf16") < 0.51
+    assert fp8 == gpu_weight_bytes(resolve_model("deepseek-v3"), Layout(tp=8), "bf16")
+    plain = gpu_weight_bytes(from_hf_config(f"{CONFIGS}/qwen3-30b-a3b"), Layout(tp=8), "bf16")
+    assert plain == gpu_weight_bytes(resolve_model("qwen3-30b-a3b"), Layout(tp=8), "bf16")
+    gpt = from_hf_config(f"{CONFIGS}/gpt-oss-20b")
+    assert gpt.weight_format == "mxfp4" and gpt.head_dim == 64
+
+
+def test_plan_leaves_out_what_does_not_fit(cli, tmp_path):
+    sweep = fake_sweep(tmp_path / "sweep", FLAT)
+    model = tiny_model(tmp_path)
+    # The tiny model (h 64, 4 layers of 4 heads of 16, vocab 1000 padded to 1024, MLP 256,
+    # untied), bf16. One rank holding it all (dp=4 replicas): 4 layers x (4 x 64^2 + 3 x
+    # 64 x 256 + 2 norms x 64) = 262,656, embedding and LM head 2 x 1024 x 64 = 131,072,
+    # final norm 64: 393,792 parameters, 787,584 B (769.12 KiB). TP2: 4 x (2 x 64^2 + 3 x
+    # 64 x 256 / 2 + 128) + 131,072 / 2 + 64 = 197,184 parameters, 394,368 B; PP2's heavier
+    # stage 2 x 65,664 + 65,536 + 64 = 196,928, 393,856 B. 400 KiB (409,600 B) keeps those.
+    status, out, err = cli("plan", "--model", model, "--sweep", str(sweep), *PLAN,
+                           "--gpu-memory", str(400 / 2**20), "--format", "json")
+    assert status == 0, err
+    doc = last_json(out)
+    assert doc["gpu_memory_gib"] == pytest.approx(400 / 2**20)
+    weights = {(x["tp"], x["pp"], x["dp"]): x["weight_bytes_per_gpu"] for x in doc["layouts"]}
+    assert weights[(2, 1, 2)] == 394_368 and weights[(1, 2, 2)] == 393_856
+    assert (1, 1, 4) not in weights
+    assert ("tp=1 pp=1 dp=4: weights need 769.12 KiB a GPU (bf16), more than --gpu-memory "
+            in " ".join(doc["refused"]))
+    status, out, err = cli("plan", "--model", model, "--sweep", str(sweep), *PLAN,
+                           "--gpu-memory", "0")
+    assert status == 2 and out == "" and "--gpu-memory 0.0 must be a positive" in err
