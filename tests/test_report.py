@@ -110,3 +110,16 @@ def test_a_replay_whose_config_moved_still_reports(cli, tmp_path):
     assert status == 0, err
     assert last_json(stdout)["figures"] == ["phase_times", "op_kind_times"]
     assert "no pattern figures" in err and "does not exist" in err
+
+
+def test_a_sweep_lacking_an_op_is_a_note_not_a_failure(cli, tmp_path):
+    # The TP2 replay issues all-reduces and a gather; a sweep of all-reduces alone cannot
+    # price the gather, so its prediction is left out with the sweep to run, page written.
+    from tests.test_predict import fake_sweep
+    sweep = fake_sweep(tmp_path / "sweep", {"allreduce": (10.0, 0.0)})
+    out = tmp_path / "report.html"
+    status, stdout, err = cli("report", RUNS[1], "--sweep", str(sweep), "-o", str(out))
+    assert status == 0, err
+    page = out.read_text()
+    assert "A: not predicted: the sweep has no gather over 2 ranks" in page
+    assert "predicted_vs_measured" not in last_json(stdout)["figures"]

@@ -221,7 +221,13 @@ def plan_layouts(rows: Rows, title: str = "") -> "Figure":
                         xytext=(6, 0), fontsize="small")
             shown = True
     ax.set_xticks(x, [r["layout"] for r in rows])
-    ax.set_yscale("log")
+    values = [r["predicted_e2e_us"] for r in rows] + [m["e2e_us"] for r in rows
+                                                      for m in r["measured"]]
+    positive = [v / 1e3 for v in values if v > 0]
+    if positive and len(positive) == len(values):
+        ax.set_yscale("log")
+    elif positive:  # replicas with no communication at all: 0 stays on the axis
+        ax.set_yscale("symlog", linthresh=min(positive))
     ax.set_ylabel("end to end, ms (communication only)")
     ax.set_title("Layouts" + (f": {title}" if title else ""))
     ax.legend()
