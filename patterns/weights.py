@@ -1,11 +1,17 @@
-"""Weight bytes one GPU holds under a layout: whether a layout can be deployed at all.
+"""Weight and KV-cache bytes one GPU holds under a layout: whether a layout can be deployed.
 
 Counted: the embedding, each layer's attention (grouped-query, or DeepSeek's multi-head latent
 attention), its dense MLP (gate, up, down) or its experts (the same three each) with shared
 experts and router, its two RMSNorms, the final norm and the LM head unless tied. Not counted:
 biases (Qwen2's q/k/v, gpt-oss's), Qwen3's per-head q/k norms, attention sinks, DeepSeek's
-MTP layer, quantization scales, and everything that is not a weight (KV cache, activations,
-CUDA graphs): a layout that fits here may still not leave room for its KV cache.
+MTP layer and quantization scales.
+
+The KV cache of a batch (`kv_cache_bytes`): per token and layer, K and V of the rank's KV
+heads (one where TP exceeds the KV heads), or MLA's cached latent (kv_lora_rank +
+qk_rope_head_dim, the same on every TP rank), in the serving dtype (vLLM's
+kv_cache_dtype=auto); every layer at full length (gpt-oss's sliding-window layers, which
+vLLM caches to their window, are counted whole: an overestimate). Activations and CUDA
+graphs are not counted.
 
 Shards as vLLM shards them: TP splits attention heads (a KV head is replicated where there
 are fewer KV heads than TP ranks, `QKVParallelLinear`), MLA's q_b/kv_b/o (its q_a and kv_a
@@ -115,6 +121,26 @@ def stage_bytes(model: ModelConfig, layout: Layout, dtype: str) -> list[float]:
 def gpu_weight_bytes(model: ModelConfig, layout: Layout, dtype: str) -> int:
     """The heaviest rank's weight bytes under `layout`."""
     return round(max(stage_bytes(model, layout, dtype)))
+
+
+def kv_bytes_per_token_layer(model: ModelConfig, tp: int, dtype: str) -> int:
+    """One token's cache in one layer on one rank of a TP group of `tp`."""
+    if model.mla and model.kv_lora_rank:
+        return (model.kv_lora_rank + model.qk_rope_head_dim) * DTYPE_BYTES[dtype]
+    kv_heads = max(model.num_key_value_heads // tp, 1)
+    return 2 * kv_heads * _head_dim(model) * DTYPE_BYTES[dtype]
+
+
+def gpu_memory_bytes(model: ModelConfig, layout: Layout, dtype: str,
+                     tokens: int) -> tuple[int, int]:
+    """(weights, KV cache) of the rank whose sum is the largest, when each DP rank caches
+    `tokens` tokens (batch x (prompt + decode))."""
+    per_layer = kv_bytes_per_token_layer(model, layout.tp, dtype) * tokens
+    counts = stage_layer_counts(model.num_hidden_layers, layout.pp)
+    stages = [(w, count * per_layer) for w, count in zip(stage_bytes(model, layout, dtype),
+                                                         counts, strict=True)]
+    weights, cache = max(stages, key=sum)
+    return round(weights), cache
 
 
 def total_params(model: ModelConfig) -> int:

@@ -91,7 +91,8 @@ def test_csv_and_bad_input(cli, tmp_path):
     assert status == 0, err
     lines = out.strip().splitlines()
     assert lines[0] == ("tp,pp,dp,ep,prefill_us,decode_step_us,e2e_us,volume_bytes,"
-                        "meets_budget,crosses_nodes,weight_bytes_per_gpu,best")
+                        "meets_budget,crosses_nodes,weight_bytes_per_gpu,"
+                        "kv_cache_bytes_per_gpu,best")
     assert len(lines) == 7  # the header and 6 layouts
     # 4 GPUs at 2 a node span nodes, and the sweep has no rows across nodes.
     sweep = fake_sweep(tmp_path / "sweep2", FLAT)

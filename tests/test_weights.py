@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from patterns import Layout, from_hf_config, resolve_model
-from patterns.weights import gpu_weight_bytes, total_params
+from patterns.weights import gpu_memory_bytes, gpu_weight_bytes, total_params
 from tests.conftest import last_json
 from tests.replay_helpers import tiny_model
 from tests.test_plan import FLAT, PLAN, fake_sweep
@@ -84,25 +84,46 @@ def test_quantized_checkpoints_from_their_config():
     assert gpt.weight_format == "mxfp4" and gpt.head_dim == 64
 
 
+def test_kv_cache_by_hand():
+    # Llama-3.1-70B TP8: one KV head of 128 a rank, K and V in bf16: 512 B a token and
+    # layer, x 80 layers x 1280 tokens = 52,428,800 B. DeepSeek-V3's MLA caches its latent
+    # (512 + 64) x 2 B = 1,152 B a token and layer on every TP rank, x 61 x 1280 =
+    # 89,948,160 B.
+    assert gpu_memory_bytes(resolve_model("llama-3.1-70b"), Layout(tp=8), "bf16",
+                            1280) == (17_640_734_720, 52_428_800)
+    assert gpu_memory_bytes(resolve_model("deepseek-v3"), Layout(tp=8), "bf16",
+                            1280)[1] == 89_948_160
+
+
 def test_plan_leaves_out_what_does_not_fit(cli, tmp_path):
     sweep = fake_sweep(tmp_path / "sweep", FLAT)
     model = tiny_model(tmp_path)
     # The tiny model (h 64, 4 layers of 4 heads of 16, vocab 1000 padded to 1024, MLP 256,
-    # untied), bf16. One rank holding it all (dp=4 replicas): 4 layers x (4 x 64^2 + 3 x
-    # 64 x 256 + 2 norms x 64) = 262,656, embedding and LM head 2 x 1024 x 64 = 131,072,
-    # final norm 64: 393,792 parameters, 787,584 B (769.12 KiB). TP2: 4 x (2 x 64^2 + 3 x
-    # 64 x 256 / 2 + 128) + 131,072 / 2 + 64 = 197,184 parameters, 394,368 B; PP2's heavier
-    # stage 2 x 65,664 + 65,536 + 64 = 196,928, 393,856 B. 400 KiB (409,600 B) keeps those.
+    # untied), bf16, batch 1 of 8 + 4 tokens. One rank holding it all (dp=4 replicas):
+    # weights 4 layers x (4 x 64^2 + 3 x 64 x 256 + 2 norms x 64) = 262,656, embedding and
+    # LM head 2 x 1024 x 64 = 131,072, final norm 64: 393,792 parameters, 787,584 B
+    # (769.12 KiB); KV 4 layers x 2 x 4 heads x 16 x 2 B x 12 tokens = 12,288 B. TP2:
+    # weights 4 x (2 x 64^2 + 3 x 64 x 256 / 2 + 128) + 131,072 / 2 + 64 = 197,184
+    # parameters, 394,368 B, KV half, 6,144 B. PP2's fuller stage, the last: 2 x 65,664 +
+    # 65,536 + 64 = 196,928 parameters, 393,856 B, KV 2 layers, 6,144 B. A GPU allowed
+    # 400 KiB (409,600 B: --gpu-memory x 0.9) keeps those, not the replicas.
+    gib = 409_600 / 0.9 / 2**30
     status, out, err = cli("plan", "--model", model, "--sweep", str(sweep), *PLAN,
-                           "--gpu-memory", str(400 / 2**20), "--format", "json")
+                           "--gpu-memory", str(gib), "--format", "json")
     assert status == 0, err
     doc = last_json(out)
-    assert doc["gpu_memory_gib"] == pytest.approx(400 / 2**20)
-    weights = {(x["tp"], x["pp"], x["dp"]): x["weight_bytes_per_gpu"] for x in doc["layouts"]}
-    assert weights[(2, 1, 2)] == 394_368 and weights[(1, 2, 2)] == 393_856
-    assert (1, 1, 4) not in weights
-    assert ("tp=1 pp=1 dp=4: weights need 769.12 KiB a GPU (bf16), more than --gpu-memory "
-            in " ".join(doc["refused"]))
-    status, out, err = cli("plan", "--model", model, "--sweep", str(sweep), *PLAN,
-                           "--gpu-memory", "0")
-    assert status == 2 and out == "" and "--gpu-memory 0.0 must be a positive" in err
+    assert doc["gpu_memory_gib"] == pytest.approx(gib)
+    assert doc["gpu_memory_utilization"] == 0.9
+    memory = {(x["tp"], x["pp"], x["dp"]): (x["weight_bytes_per_gpu"],
+                                             x["kv_cache_bytes_per_gpu"])
+              for x in doc["layouts"]}
+    assert memory[(2, 1, 2)] == (394_368, 6_144) and memory[(1, 2, 2)] == (393_856, 6_144)
+    assert (1, 1, 4) not in memory
+    assert ("tp=1 pp=1 dp=4: weights 769.12 KiB (bf16) and KV cache 12.00 KiB a GPU need "
+            "more than the 400.00 KiB allowed" in " ".join(doc["refused"]))
+    for flag, value, message in (("--gpu-memory", "0", "--gpu-memory 0.0 must be a positive"),
+                                 ("--gpu-memory-utilization", "1.5",
+                                  "--gpu-memory-utilization 1.5 must be in (0, 1]")):
+        status, out, err = cli("plan", "--model", model, "--sweep", str(sweep), *PLAN,
+                               flag, value)
+        assert status == 2 and out == "" and message in err, err

@@ -17,8 +17,8 @@ refuses an EP group that does not divide the experts. A dense model's dp > 1 is 
 independent replicas: their figures are one replica's communication (the slowest), the
 volume the whole deployment's, and each replica serves its own batch. The engine profile
 refuses what it cannot model (a ConfigError), and plan lists it as refused with that message.
-Memory is checked only by weights (patterns/weights.py, the heaviest rank's), and only when a
-GPU's memory is given: communication is what is priced.
+Memory is checked by weights and the batch's KV cache (patterns/weights.py, the fullest
+rank's), and only when a GPU's memory is given: communication is what is priced.
 """
 
 from collections.abc import Callable
@@ -31,7 +31,7 @@ from microbench.argtypes import UsageError
 from microbench.views.textfmt import format_bytes
 from patterns import ConfigError, Layout, ModelConfig, Pattern, volume_bytes
 from patterns.volume import as_number
-from patterns.weights import gpu_weight_bytes
+from patterns.weights import gpu_memory_bytes
 
 GIB = 1 << 30
 
@@ -66,7 +66,8 @@ class Priced:
     meets_budget: bool
     crosses_nodes: bool
     notes: tuple[str, ...]
-    weight_bytes: int = 0  # the heaviest rank's weights (patterns/weights.py)
+    weight_bytes: int = 0  # the fullest rank's weights and KV cache (patterns/weights.py)
+    kv_cache_bytes: int = 0
     best: bool = False
 
     def as_dict(self) -> dict[str, Any]:
@@ -75,7 +76,8 @@ class Priced:
                 "decode_step_us": round(self.decode_step_us, 3),
                 "e2e_us": round(self.e2e_us, 3), "volume_bytes": self.volume_bytes,
                 "meets_budget": self.meets_budget, "crosses_nodes": self.crosses_nodes,
-                "weight_bytes_per_gpu": self.weight_bytes, "best": self.best}
+                "weight_bytes_per_gpu": self.weight_bytes,
+                "kv_cache_bytes_per_gpu": self.kv_cache_bytes, "best": self.best}
 
 
 def _divisors(n: int) -> list[int]:
@@ -119,7 +121,7 @@ def valid_layouts(model: ModelConfig, gpus: int) -> tuple[list[Shape], list[str]
 
 
 def price(pattern: Pattern, shape: Shape, topology: Topology, budget: Budget,
-          weight_bytes: int = 0) -> Priced:
+          memory: tuple[int, int] = (0, 0)) -> Priced:
     topology.reset()
     predicted, notes = predict_pattern(pattern, topology, token_order=True)
     if shape.dp > 1 and not shape.ep:
@@ -129,15 +131,16 @@ def price(pattern: Pattern, shape: Shape, topology: Topology, budget: Budget,
     prefill, step = predicted["prefill_us"], predicted.get("decode_step_us", 0.0)
     return Priced(shape, prefill, step, predicted["e2e_us"],
                   as_number(volume_bytes(pattern)["total"]), budget.met(prefill, step),
-                  "inter" in topology.used, tuple(notes), weight_bytes)
+                  "inter" in topology.used, tuple(notes), *memory)
 
 
 def plan(model: ModelConfig, gpus: int, make_pattern: Callable[[Layout], Pattern],
-         topology: Topology, budget: Budget, gpu_memory_bytes: int | None = None,
+         topology: Topology, budget: Budget, gpu_memory_bytes_limit: int | None = None,
          ) -> tuple[list[Priced], list[str]]:
     """Every valid layout priced, best first: those meeting the budget before the others,
-    then by end to end, then by volume. The first is marked best. With `gpu_memory_bytes`,
-    a layout whose heaviest rank's weights exceed it is left out, said with its figure."""
+    then by end to end, then by volume. The first is marked best. With
+    `gpu_memory_bytes_limit`, a layout whose fullest rank's weights and KV cache of the batch
+    exceed it is left out, said with its figures."""
     kept, refused = valid_layouts(model, gpus)
     priced = []
     for shape in kept:
@@ -147,15 +150,18 @@ def plan(model: ModelConfig, gpus: int, make_pattern: Callable[[Layout], Pattern
             refused.append(f"{label(shape)}: {err}")
             continue
         dtype = pattern.workload.dtype or model.default_dtype
-        weights = gpu_weight_bytes(model, pattern.layout, dtype)
-        if gpu_memory_bytes is not None and weights > gpu_memory_bytes:
+        workload = pattern.workload
+        tokens = max(workload.batch_of(d) for d in range(shape.dp)) * (
+            workload.prompt + workload.decode)
+        memory = gpu_memory_bytes(model, pattern.layout, dtype, tokens)
+        if gpu_memory_bytes_limit is not None and sum(memory) > gpu_memory_bytes_limit:
             stored = f"{model.weight_format} checkpoint" if model.weight_format else dtype
-            refused.append(f"{label(shape)}: weights need {format_bytes(weights)} a GPU "
-                           f"({stored}), more than --gpu-memory {gpu_memory_bytes / GIB:g} "
-                           "GiB")
+            refused.append(f"{label(shape)}: weights {format_bytes(memory[0])} ({stored}) and "
+                           f"KV cache {format_bytes(memory[1])} a GPU need more than the "
+                           f"{format_bytes(gpu_memory_bytes_limit)} allowed")
             continue
         try:  # a call the sweeps cannot price (an op they lack) leaves this layout out
-            priced.append(price(pattern, shape, topology, budget, weights))
+            priced.append(price(pattern, shape, topology, budget, memory))
         except UsageError as err:
             refused.append(f"{label(shape)}: not priced: {err}")
     if not priced:

@@ -29,8 +29,10 @@ stages, the slowest DP rank), in the engine's order: a decode step starts once t
 step's token is sampled (one batch). Ranks sit as launchers place them: consecutive ranks
 per node, TP innermost, then PP, then DP, so a TP, DP or EP group wider than a node, or a PP
 hop between nodes, takes the --sweep-inter fits. Sorted best first: layouts that meet the
-budgets, then by end to end time, then by volume. Each shows the weights its heaviest rank
-holds (patterns/weights.py); --gpu-memory GIB leaves out those that do not fit.
+budgets, then by end to end time, then by volume. Each shows the memory its fullest rank
+needs, weights and the batch's KV cache (patterns/weights.py; activations and CUDA graphs
+not counted); --gpu-memory GIB leaves out those that do not fit in 0.9 of it
+(--gpu-memory-utilization, as vLLM).
 """
 
 
@@ -56,8 +58,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="communication budget of a decode step (TPOT share)")
     group.add_argument("--gpu-memory", type=float, default=None, metavar="GIB",
                        help="GiB of memory a GPU has (80 for an H100, 141 for an H200): "
-                            "layouts whose weights do not fit are left out (weights only; "
-                            "the KV cache needs more)")
+                            "layouts whose weights and KV cache of the batch do not fit in "
+                            "--gpu-memory-utilization of it are left out")
+    group.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F",
+                       help="the share of --gpu-memory the engine may use (vLLM's "
+                            "--gpu-memory-utilization, default 0.9)")
     group.add_argument("--format", choices=("table", "json", "csv"), default="table",
                        help="table (default), json (one document) or csv")
     add_pattern_arguments(parser, layout=False)
@@ -78,20 +83,22 @@ def document(args: argparse.Namespace, priced: list[Any], refused: list[str],
             "prompt": args.prompt, "decode": args.decode, "batch": args.batch,
             "engine": args.engine, "sweep": args.sweep, "sweep_inter": args.sweep_inter,
             "budget_ttft_ms": args.budget_ttft_ms, "budget_tpot_ms": args.budget_tpot_ms,
-            "gpu_memory_gib": args.gpu_memory, "scope": SCOPE,
+            "gpu_memory_gib": args.gpu_memory,
+            "gpu_memory_utilization": args.gpu_memory_utilization, "scope": SCOPE,
             "layouts": [p.as_dict() for p in priced], "refused": refused, "notes": notes}
 
 
 def table(doc: dict[str, Any], priced: list[Any]) -> str:
     budgeted = doc["budget_ttft_ms"] is not None or doc["budget_tpot_ms"] is not None
     header = ["", "tp", "pp", "dp", "ep", "prefill", "decode step", "end to end", "volume",
-              "weights/GPU", "nodes"] + (["budget"] if budgeted else [])
+              "memory/GPU", "nodes"] + (["budget"] if budgeted else [])
     rows = []
     for p in priced:
         row = ["best" if p.best else "", str(p.shape.tp), str(p.shape.pp), str(p.shape.dp),
                "yes" if p.shape.ep else "no", format_us(p.prefill_us),
                format_us(p.decode_step_us), format_us(p.e2e_us),
-               format_bytes(float(p.volume_bytes)), format_bytes(float(p.weight_bytes)),
+               format_bytes(float(p.volume_bytes)),
+               format_bytes(float(p.weight_bytes + p.kv_cache_bytes)),
                "spans" if p.crosses_nodes else "one"]
         if budgeted:
             row.append("meets" if p.meets_budget else "over")
@@ -135,6 +142,10 @@ def run(args: argparse.Namespace) -> int:
     if memory is not None and not memory > 0:
         raise UsageError(f"--gpu-memory {memory} must be a positive number of GiB "
                          "(80 for an H100)")
+    share = args.gpu_memory_utilization
+    if not 0 < share <= 1:
+        raise UsageError(f"--gpu-memory-utilization {share} must be in (0, 1], as vLLM's "
+                         "(default 0.9)")
     model = resolve_model(args.model)
     sweep = load_sweep("--sweep", args.sweep)
     inter = load_sweep("--sweep-inter", args.sweep_inter) if args.sweep_inter else None
@@ -150,11 +161,12 @@ def run(args: argparse.Namespace) -> int:
                                                     dp_batches=None))
 
     priced, refused = plan(model, args.gpus, make_pattern, topology, budget,
-                           None if memory is None else int(memory * (1 << 30)))
+                           None if memory is None else int(memory * share * (1 << 30)))
     notes = sorted({n for p in priced for n in p.notes})
     if memory is None:
-        notes.append("memory is not checked: a layout whose weights do not fit a GPU is "
-                     "listed too (--gpu-memory GIB leaves those out; weights/GPU column)")
+        notes.append("memory is not checked: a layout whose weights and KV cache do not fit "
+                     "a GPU is listed too (--gpu-memory GIB leaves those out; memory/GPU "
+                     "column)")
     doc = document(args, priced, refused, notes)
     if args.format == "json":
         print(json.dumps(doc, separators=(",", ":")))
