@@ -33,8 +33,6 @@ from patterns import ConfigError, Layout, ModelConfig, Pattern, volume_bytes
 from patterns.volume import as_number
 from patterns.weights import gpu_memory_bytes
 
-GIB = 1 << 30
-
 
 @dataclass(frozen=True)
 class Shape:
