@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-SWEEP = ["--op", "allreduce,gather,sendrecv,stream", "-b", "4K", "-e", "1M", "-f", "2",
+SWEEP = ["--op", "allreduce,allgather,gather,sendrecv,stream", "-b", "4K", "-e", "1M", "-f", "2",
          "--dtype", "fp32", "-n", "200", "-w", "20"]
 PATTERN = ["--engine", "vllm-v0", "--prompt", "32", "--decode", "8", "--batch", "4",
            "--dtype", "fp32", "-n", "100", "-w", "5"]

@@ -34,7 +34,7 @@ import pytest
 
 from tests.replay_helpers import infercomm, last_json, needs_mpi
 
-SWEEP = ["--op", "allreduce,gather,sendrecv,stream", "-b", "4K", "-e", "1M", "-f", "2",
+SWEEP = ["--op", "allreduce,allgather,gather,sendrecv,stream", "-b", "4K", "-e", "1M", "-f", "2",
          "--dtype", "fp32", "-n", "200", "-w", "20"]
 PATTERN = ["--engine", "vllm-v0", "--prompt", "32", "--decode", "8", "--batch", "4",
            "--dtype", "fp32", "-n", "100", "-w", "5"]
