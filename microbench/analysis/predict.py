@@ -406,7 +406,8 @@ def predict_pattern(pattern: Pattern, fits: FitTable | Topology, token_order: bo
 def caveats(sweep_meta: dict[str, Any], pattern: Pattern,
             replay_meta: dict[str, Any] | None) -> list[str]:
     """What makes a sweep a poor witness for a prediction: another backend, transport,
-    device or world than the replay's, or (without a replay) fewer ranks than the pattern."""
+    device or world than the replay's, a sweep or replay with more ranks than its host's
+    CPUs (microbench/ranks/cpus.py), or (without a replay) fewer ranks than the pattern."""
     out = []
     if replay_meta is not None:
         for key in ("backend", "transport", "device", "world_size"):
@@ -414,6 +415,11 @@ def caveats(sweep_meta: dict[str, Any], pattern: Pattern,
             if a is not None and b is not None and a != b:
                 out.append(f"the sweep ran with {key} {a} and the replay with {b}: the "
                            "prediction prices another setup than the one measured")
+    for name, meta in (("sweep", sweep_meta), ("replay", replay_meta or {})):
+        if meta.get("oversubscribed"):
+            out.append(f"the {name} ran {meta.get('ranks_on_host')} ranks on "
+                       f"{meta.get('host_cpus')} CPUs: its times include waits for a CPU, "
+                       "which no fit prices")
     world = sweep_meta.get("world_size")
     if world is not None and replay_meta is None and world != pattern.layout.world_size:
         out.append(f"the sweep ran on {world} ranks and the pattern has "

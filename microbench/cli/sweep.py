@@ -289,8 +289,14 @@ def write_sweep(cases: list[Case], pattern: Pattern | None, backend: Any,
     head = {"kind": "sweep", "backend": backend.name, "transport": backend.transport,
             "device": backend.device, "world_size": backend.world_size,
             "iterations": args.iters, "warmup": args.warmup}
+    from microbench.ranks import cpus
+
+    where = cpus.placement(hosts, backend.device)
+    text = cpus.warning("sweep", where)
+    if text:
+        sys.stderr.write(text)
     meta: dict[str, Any] = {
-        **base_meta(args.argv), **head, "hosts": hosts, "launcher": args.launcher,
+        **base_meta(args.argv), **head, "hosts": hosts, **where, "launcher": args.launcher,
         "versions": backend.versions(), "check": args.check, "timeout_s": args.timeout,
         "source": "pattern" if pattern is not None else "sizes",
         "ranks_per_node": args.ranks_per_node, "nodes": len(set(nodes)),

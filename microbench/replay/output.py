@@ -1,12 +1,14 @@
 """Rank 0 turns every rank's samples into the run folder, the table and the last JSON line."""
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from microbench.backends import Backend
+from microbench.ranks import cpus
 from microbench.replay import aggregate
 from microbench.replay.plan import Plan
 from microbench.replay.replayer import RankSamples
@@ -48,6 +50,7 @@ def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.
     wrong = None if any(w is None for w in wrongs) else sum(wrongs)
     calls = max(pattern.calls_per_inference(s) for s in range(pattern.layout.pp))
     hosts = [s.host for s in ranks]
+    where = cpus.placement(hosts, backend.device)
     summary: dict[str, Any] = {
         "kind": "replay",
         "backend": backend.name, "transport": backend.transport, "device": backend.device,
@@ -66,7 +69,8 @@ def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.
     }
     meta = {**base_meta(args.argv), "kind": "replay", "backend": backend.name,
             "transport": backend.transport, "device": backend.device,
-            "world_size": backend.world_size, "hosts": hosts, "launcher": args.launcher,
+            "world_size": backend.world_size, "hosts": hosts, **where,
+            "launcher": args.launcher,
             "versions": backend.versions(), "timing": args.timing, "graph": args.graph,
             "iterations": args.iters,
             "warmup": args.warmup, "check": args.check, "timeout_s": args.timeout,
@@ -86,6 +90,9 @@ def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.
     # write error it names where the run was kept instead (None if nowhere could take it).
     summary["results_dir"] = str(folder) if folder is not None else None
     summary["kept_dir"] = folder
+    text = cpus.warning("replay", where)
+    if text:
+        sys.stderr.write(text)
     print(replay_table(summary, header_title(pattern)))
     last_keys = ["backend", "transport", "device", "world_size", "model", "engine", "tp", "pp",
                  "dp", "ep", "prompt", "decode", "batch", "dtype", "iterations", "timing",
