@@ -294,7 +294,7 @@ def write_sweep(cases: list[Case], pattern: Pattern | None, backend: Any,
     where = cpus.placement(hosts, backend.device)
     text = cpus.warning("sweep", where)
     if text:
-        sys.stderr.write(text)
+        print(text)
     meta: dict[str, Any] = {
         **base_meta(args.argv), **head, "hosts": hosts, **where, "launcher": args.launcher,
         "versions": backend.versions(), "check": args.check, "timeout_s": args.timeout,

@@ -20,10 +20,12 @@ def placement(hosts: list[str], device: str) -> dict[str, Any]:
 
 
 def warning(command: str, where: dict[str, Any]) -> str | None:
-    """One line for stderr when the run was oversubscribed."""
+    """One line when the run was oversubscribed, printed on stdout above the run's table: a
+    batch job that merges stderr into its output file (sbatch) could otherwise put it after
+    the JSON line that ends stdout."""
     if not where.get("oversubscribed"):
         return None
     return (f"infercomm {command}: warning: {where['ranks_on_host']} ranks on "
             f"{where['host_cpus']} CPUs: a rank whose data is ready can wait for a CPU, so the "
             "times include the scheduler's; use at most as many ranks as CPUs for figures "
-            "of the library alone\n")
+            "of the library alone")

@@ -1,7 +1,6 @@
 """Rank 0 turns every rank's samples into the run folder, the table and the last JSON line."""
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +91,7 @@ def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.
     summary["kept_dir"] = folder
     text = cpus.warning("replay", where)
     if text:
-        sys.stderr.write(text)
+        print(text)
     print(replay_table(summary, header_title(pattern)))
     last_keys = ["backend", "transport", "device", "world_size", "model", "engine", "tp", "pp",
                  "dp", "ep", "prompt", "decode", "batch", "dtype", "iterations", "timing",
