@@ -13,6 +13,8 @@ from typing import Any
 
 def placement(hosts: list[str], device: str) -> dict[str, Any]:
     """The CPUs of rank 0's host, its ranks, and whether a CPU run oversubscribed them."""
+    # The host's CPUs, not this rank's affinity: a launcher that binds each rank to one core
+    # (Open MPI does for 2 ranks) would make every run look oversubscribed.
     cpus = os.cpu_count() or 1
     ranks = hosts.count(hosts[0]) if hosts else 1
     return {"host_cpus": cpus, "ranks_on_host": ranks,
