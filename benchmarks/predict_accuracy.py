@@ -31,6 +31,9 @@ SWEEP = ["--op", "allreduce,allgather,gather,sendrecv,stream", "-b", "4K", "-e",
          "--dtype", "fp32", "-n", "200", "-w", "20"]
 PATTERN = ["--engine", "vllm-v0", "--prompt", "32", "--decode", "8", "--batch", "4",
            "--dtype", "fp32", "-n", "100", "-w", "5"]
+# 4 layers, hidden 1024: a decode step's [4, 1024] fp32 activations are 16 KiB, the
+# prefill's [128, 1024] 512 KiB (TP2xPP2 sends halves); vocab 1000 keeps the gather small.
+# tests/test_predict_replay.py runs the same workload.
 WIDE = {"hidden_size": 1024, "num_hidden_layers": 4, "vocab_size": 1000,
         "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 4096,
         "torch_dtype": "bfloat16", "_name_or_path": "wide"}

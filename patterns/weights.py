@@ -6,7 +6,7 @@ experts and router, its two RMSNorms, the final norm and the LM head unless tied
 biases (Qwen2's q/k/v, gpt-oss's), Qwen3's per-head q/k norms, attention sinks, DeepSeek's
 MTP layer and quantization scales.
 
-The KV cache of a batch (`kv_cache_bytes`): per token and layer, K and V of the rank's KV
+The KV cache of a batch (`gpu_memory_bytes`): per token and layer, K and V of the rank's KV
 heads (one where TP exceeds the KV heads), or MLA's cached latent (kv_lora_rank +
 qk_rope_head_dim, the same on every TP rank), in the serving dtype (vLLM's
 kv_cache_dtype=auto); every layer at full length (gpt-oss's sliding-window layers, which
@@ -47,13 +47,17 @@ class LayerWeights:
     plain: float  # norms and router: always the dtype
 
 
+def _mla(model: ModelConfig) -> bool:
+    return model.mla and bool(model.kv_lora_rank)
+
+
 def _head_dim(model: ModelConfig) -> int:
     return model.head_dim or model.hidden_size // model.num_attention_heads
 
 
 def _attention(model: ModelConfig, tp: int) -> float:
     h, heads = model.hidden_size, model.num_attention_heads
-    if model.mla and model.kv_lora_rank:
+    if _mla(model):
         qk = model.qk_nope_head_dim + model.qk_rope_head_dim
         if model.q_lora_rank:
             q = h * model.q_lora_rank + model.q_lora_rank * heads * qk / tp
@@ -69,7 +73,7 @@ def _attention(model: ModelConfig, tp: int) -> float:
 
 
 def _mla_norms(model: ModelConfig) -> int:
-    if not (model.mla and model.kv_lora_rank):
+    if not _mla(model):
         return 0
     return model.kv_lora_rank + model.q_lora_rank
 
@@ -118,14 +122,9 @@ def stage_bytes(model: ModelConfig, layout: Layout, dtype: str) -> list[float]:
     return out
 
 
-def gpu_weight_bytes(model: ModelConfig, layout: Layout, dtype: str) -> int:
-    """The heaviest rank's weight bytes under `layout`."""
-    return round(max(stage_bytes(model, layout, dtype)))
-
-
 def kv_bytes_per_token_layer(model: ModelConfig, tp: int, dtype: str) -> int:
     """One token's cache in one layer on one rank of a TP group of `tp`."""
-    if model.mla and model.kv_lora_rank:
+    if _mla(model):
         return (model.kv_lora_rank + model.qk_rope_head_dim) * DTYPE_BYTES[dtype]
     kv_heads = max(model.num_key_value_heads // tp, 1)
     return 2 * kv_heads * _head_dim(model) * DTYPE_BYTES[dtype]
@@ -134,7 +133,7 @@ def kv_bytes_per_token_layer(model: ModelConfig, tp: int, dtype: str) -> int:
 def gpu_memory_bytes(model: ModelConfig, layout: Layout, dtype: str,
                      tokens: int) -> tuple[int, int]:
     """(weights, KV cache) of the rank whose sum is the largest, when each DP rank caches
-    `tokens` tokens (batch x (prompt + decode))."""
+    `tokens` tokens (batch x (prompt + decode)); tokens 0: the heaviest rank's weights."""
     per_layer = kv_bytes_per_token_layer(model, layout.tp, dtype) * tokens
     counts = stage_layer_counts(model.num_hidden_layers, layout.pp)
     stages = [(w, count * per_layer) for w, count in zip(stage_bytes(model, layout, dtype),

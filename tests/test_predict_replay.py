@@ -32,22 +32,12 @@ import sys
 
 import pytest
 
+# One workload for this test and the benchmark that measures the same thing over more rounds:
+# 4 layers, hidden 1024 (16 KiB decode and 512 KiB prefill activations), vllm-v0, fp32.
+from benchmarks.predict_accuracy import HEADLINE, LAYOUTS, PATTERN, SWEEP, WIDE, WORLD
 from tests.replay_helpers import infercomm, last_json, needs_mpi
 
-SWEEP = ["--op", "allreduce,allgather,gather,sendrecv,stream", "-b", "4K", "-e", "1M", "-f", "2",
-         "--dtype", "fp32", "-n", "200", "-w", "20"]
-PATTERN = ["--engine", "vllm-v0", "--prompt", "32", "--decode", "8", "--batch", "4",
-           "--dtype", "fp32", "-n", "100", "-w", "5"]
-# 4 layers, hidden 1024: a decode step's [4, 1024] fp32 activations are 16 KiB, the
-# prefill's [128, 1024] 512 KiB (TP2xPP2 sends halves); vocab 1000 keeps the gather small.
-WIDE = {"hidden_size": 1024, "num_hidden_layers": 4, "vocab_size": 1000,
-        "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 4096,
-        "torch_dtype": "bfloat16", "_name_or_path": "wide"}
-LAYOUTS = {"tp2": ["--tp", "2"], "pp2": ["--pp", "2"], "tp2pp2": ["--tp", "2", "--pp", "2"],
-           "pp4": ["--pp", "4"]}
-WORLD = {"tp2": 2, "pp2": 2, "tp2pp2": 4, "pp4": 4}
 BACKENDS = [pytest.param("mpi", marks=needs_mpi), "torch"]
-HEADLINE = ("prefill_us", "decode_step_us", "e2e_us")
 TOLERANCE = 0.10
 STEADY = 0.05  # two measurements of the same thing agree this closely, or nothing is decided
 

@@ -8,12 +8,16 @@ from pathlib import Path
 import pytest
 
 from patterns import Layout, from_hf_config, resolve_model
-from patterns.weights import gpu_memory_bytes, gpu_weight_bytes, total_params
+from patterns.weights import gpu_memory_bytes, total_params
 from tests.conftest import last_json
 from tests.replay_helpers import tiny_model
 from tests.test_plan import FLAT, PLAN, fake_sweep
 
 CONFIGS = Path(__file__).parent / "data" / "configs"
+
+
+def gpu_weight_bytes(model, layout, dtype):  # the heaviest rank's weights: no KV cache
+    return gpu_memory_bytes(model, layout, dtype, 0)[0]
 
 
 @pytest.mark.parametrize("name, params", [

@@ -64,7 +64,8 @@ class Priced:
     meets_budget: bool
     crosses_nodes: bool
     notes: tuple[str, ...]
-    weight_bytes: int = 0  # the fullest rank's weights and KV cache (patterns/weights.py)
+    # The fullest rank's weights and KV cache of the batch (patterns/weights.py).
+    weight_bytes: int = 0
     kv_cache_bytes: int = 0
     best: bool = False
 
@@ -147,8 +148,8 @@ def plan(model: ModelConfig, gpus: int, make_pattern: Callable[[Layout], Pattern
         except ConfigError as err:
             refused.append(f"{label(shape)}: {err}")
             continue
-        dtype = pattern.workload.dtype or model.default_dtype
         workload = pattern.workload
+        dtype = workload.dtype or model.default_dtype
         tokens = max(workload.batch_of(d) for d in range(shape.dp)) * (
             workload.prompt + workload.decode)
         memory = gpu_memory_bytes(model, pattern.layout, dtype, tokens)

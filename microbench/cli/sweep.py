@@ -329,10 +329,12 @@ def default_label(pattern: Pattern | None, backend: Any) -> str:
 def sweep_table(rows: list[dict[str, Any]], head: dict[str, Any], hosts: list[str],
                 with_calls: bool) -> str:
     """nccl-tests' layout: one block per collective, sizes down the page."""
+    from microbench.sweep.cases import RUN_CALLS
+
     lines = [f"# infercomm sweep: {head['backend']} ({head['transport']}) on {head['device']}, "
              f"{head['world_size']} ranks on {len(set(hosts))} host(s); {head['iterations']} "
              f"timed calls after {head['warmup']} warm-up; time = median of the slowest "
-             "rank's, run = a call's share of 10 back to back (what predict fits), "
+             f"rank's, run = a call's share of {RUN_CALLS} back to back (what predict fits), "
              "GB/s = 1e9 bytes/s"]
     header = ["size", "count", "type", "time(us)", "p5(us)", "p95(us)", "run(us)", "algbw(GB/s)",
               "busbw(GB/s)", "#wrong"] + (["calls/inference"] if with_calls else [])
