@@ -4,10 +4,10 @@ Presets cite the config.json their numbers come from (engine spec, section 8). A
 decoder model is read from its own `config.json` with `from_hf_config`.
 """
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from patterns.config_checks import check_fields, check_shape, read_config_json
 from patterns.dtypes import canonical_dtype
 from patterns.errors import ConfigError
 
@@ -224,24 +224,21 @@ def from_hf_config(path: str | Path) -> ModelConfig:
     """Read a Hugging Face `config.json` (or a folder holding one)."""
     file = Path(path)
     if file.is_dir():
+        if not (file / "config.json").exists():
+            raise ConfigError(f"folder {str(file)!r} holds no config.json; pass a preset or a "
+                              "Hugging Face model folder or config.json")
         file = file / "config.json"
-    if not file.is_file():
+    if not file.exists():
         presets = ", ".join(PRESETS)
         raise ConfigError(f"model config {str(file)!r} does not exist; pass a preset "
                           f"({presets}) or the path of a Hugging Face config.json")
-    try:
-        raw = json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{file}: not valid JSON ({err}); a Hugging Face config.json "
-                          "is one JSON object") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{file}: holds a JSON {type(raw).__name__}; a Hugging Face "
-                          "config.json is one JSON object")
+    raw = read_config_json(file)
     # Multimodal configs (Gemma 3, Llama 4) keep the language model's fields under
     # text_config; its model_type (gemma3_text, llama4_text) is the one that matters.
     if "hidden_size" not in raw and isinstance(raw.get("text_config"), dict):
         raw = {**raw, **raw["text_config"]}
     raw = {**_FAMILY_DEFAULTS.get(str(raw.get("model_type")), {}), **raw}
+    check_fields(raw, str(file))
     missing = [f for f in _REQUIRED if f not in raw]
     if missing:
         raise ConfigError(f"{file}: lacks {', '.join(missing)}; a decoder model's config.json "
@@ -256,6 +253,7 @@ def from_hf_config(path: str | Path) -> ModelConfig:
     kv = raw.get("num_key_value_heads") or values["num_attention_heads"]
     experts = int(next((raw[f] for f in _EXPERT_FIELDS if raw.get(f)), 0))
     top_k = int(next((raw[f] for f in _TOP_K_FIELDS if raw.get(f)), 0))
+    check_shape(raw, where, values["num_attention_heads"], experts, top_k)
     try:
         # No dtype at all (gpt-oss) is float32 to transformers, which vLLM serves as bf16.
         dtype = canonical_dtype(str(raw.get("torch_dtype") or raw.get("dtype") or "float32"))

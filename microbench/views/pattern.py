@@ -7,6 +7,7 @@ from typing import Any
 
 from microbench.views.textfmt import format_bytes, render_table
 from patterns import Op, Pattern, Phase, pattern_rows, volume_by_group, volume_bytes
+from patterns.config_checks import unknown_family_note
 from patterns.moe import notes
 from patterns.summary import moe_layer_rows, transport_split
 from patterns.volume import as_number
@@ -105,6 +106,9 @@ def title(pattern: Pattern) -> str:
 def pattern_notes(pattern: Pattern) -> list[str]:
     """What the table alone would not say: replicas, experts without EP, uneven DP ranks."""
     said = notes(pattern.model, pattern.layout, pattern.engine)
+    family = unknown_family_note(pattern.model.model_type)
+    if family is not None:
+        said.append(family)
     if any(replica != pattern.dp_stages[0] for replica in pattern.dp_stages[1:]):
         said.append("DP ranks issue different shapes (--dp-batches): the rows are DP rank "
                     "0's; the volume counts every rank's calls")
