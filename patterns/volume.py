@@ -50,11 +50,14 @@ def _walk(pattern: Pattern) -> Iterator[tuple[Op, Fraction]]:
     """Every distinct op of every (DP rank, stage) with the calls of the deployment it
     stands for (equal ops are counted together: DP replicas repeat the same calls)."""
     repeats: dict[Op, int] = {}
-    for replica in pattern.replicas():
+    # Without dp_stages every DP rank runs `stages`: walk them once, dp times over.
+    replicas, times = ((pattern.dp_stages, 1) if pattern.dp_stages
+                       else ((pattern.stages,), pattern.layout.dp))
+    for replica in replicas:
         for runs in replica:
             for run in runs:
                 for op in run.step.ops:
-                    repeats[op] = repeats.get(op, 0) + run.repeat
+                    repeats[op] = repeats.get(op, 0) + run.repeat * times
     ranks_in_stage = pattern.layout.tp
     for op, repeat in repeats.items():
         yield op, _calls_in_deployment(op, ranks_in_stage) * repeat

@@ -21,6 +21,7 @@ Memory is checked by weights and the batch's KV cache (patterns/weights.py, the 
 rank's), and only when a GPU's memory is given: communication is what is priced.
 """
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -80,7 +81,9 @@ class Priced:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """Divisors in increasing order, by trial up to sqrt(n): a million GPUs take 1,000 tries."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def shapes(gpus: int, moe: bool = False) -> list[Shape]:
@@ -150,7 +153,7 @@ def plan(model: ModelConfig, gpus: int, make_pattern: Callable[[Layout], Pattern
             continue
         workload = pattern.workload
         dtype = workload.dtype or model.default_dtype
-        tokens = max(workload.batch_of(d) for d in range(shape.dp)) * (
+        tokens = max(workload.dp_batches or (workload.batch,)) * (
             workload.prompt + workload.decode)
         memory = gpu_memory_bytes(model, pattern.layout, dtype, tokens)
         if gpu_memory_bytes_limit is not None and sum(memory) > gpu_memory_bytes_limit:

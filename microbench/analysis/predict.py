@@ -297,11 +297,13 @@ def _units(pattern: Pattern, topology: Topology) -> list[list[int]]:
     for each of them), so one stands for all. When a call joins the DP ranks (a dp or ep
     call) the representatives are simulated together; else each on its own."""
     layout = pattern.layout
-    replicas = pattern.replicas()
+    replicas = pattern.dp_stages or (pattern.stages,)
     rpn, size = topology.ranks_per_node, layout.tp * layout.pp
     seen: dict[tuple[object, int], int] = {}
-    for d in range(layout.dp):
-        seen.setdefault((replicas[d], d * size % rpn if rpn else 0), d)
+    # Equal replicas (no dp_stages) differ only by their node offset, which repeats every
+    # rpn DP ranks: that many stand for a million replicas.
+    for d in range(layout.dp if pattern.dp_stages else min(layout.dp, max(rpn or 0, 1))):
+        seen.setdefault((replicas[d % len(replicas)], d * size % rpn if rpn else 0), d)
     distinct = {id(r): r for r in replicas}.values()  # equal replicas are often one object
     if layout.dp > 1 and any(op.group in DP_GROUPS for replica in distinct
                              for runs in replica for run in runs for op in run.step.ops):

@@ -69,6 +69,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
+# The largest clusters of 2026 hold a few hundred thousand GPUs; pricing every layout of
+# this many takes about a second (divisors by trial to sqrt(N), equal replicas priced once).
+MAX_GPUS = 1 << 20
+
+
 def _budget_us(flag: str, value: float | None) -> float | None:
     if value is None:
         return None
@@ -139,13 +144,16 @@ def run(args: argparse.Namespace) -> int:
     budget = Budget(_budget_us("--budget-ttft-ms", args.budget_ttft_ms),
                     _budget_us("--budget-tpot-ms", args.budget_tpot_ms))
     memory = args.gpu_memory
-    if memory is not None and not memory > 0:
-        raise UsageError(f"--gpu-memory {memory} must be a positive number of GiB "
+    if memory is not None and not 0 < memory < float("inf"):
+        raise UsageError(f"--gpu-memory {memory} must be a positive, finite number of GiB "
                          "(80 for an H100)")
     share = args.gpu_memory_utilization
     if not 0 < share <= 1:
         raise UsageError(f"--gpu-memory-utilization {share} must be in (0, 1], as vLLM's "
                          "(default 0.9)")
+    if args.gpus > MAX_GPUS:
+        raise UsageError(f"--gpus {args.gpus:,} is beyond any deployment of one model; plan "
+                         f"prices at most {MAX_GPUS:,} ranks")
     model = resolve_model(args.model)
     sweep = load_sweep("--sweep", args.sweep)
     inter = load_sweep("--sweep-inter", args.sweep_inter) if args.sweep_inter else None
