@@ -78,3 +78,18 @@ def byte_size(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"size {text!r} must not be negative")
     return value
+
+
+# A run folder is `<UTC stamp>-<label>[-N]`, and a file system takes 255 bytes a name; a label
+# longer than this is a mistake, found before the run rather than when its folder is named.
+MAX_LABEL_CHARS = 120
+
+
+def run_label(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty label names nothing; pass a few words such "
+                                         "as nccl-2.27 or drop --label")
+    if len(text) > MAX_LABEL_CHARS:
+        raise argparse.ArgumentTypeError(f"a label of {len(text):,} characters; use at most "
+                                         f"{MAX_LABEL_CHARS} (it names the run's folder)")
+    return text

@@ -10,18 +10,21 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from microbench.argtypes import UsageError, byte_size
+from microbench.argtypes import UsageError, byte_size, run_label
 from microbench.cli.pattern_args import add_pattern_arguments, pattern_from_args
 from microbench.cli.run_args import (
     add_run_arguments,
+    buffers_on_cpu,
     check_backend_options,
     check_out_dir,
+    check_out_for_rank,
     resolve_device,
     strip_nproc,
 )
 from microbench.ranks import dist, faults, launch, notes
 from microbench.ranks.failures import report_rank_failure
 from microbench.replay import LEVELS
+from microbench.replay.disk_space import check_op_disk
 from microbench.replay.graphs import MODES, resolve_mode
 from microbench.views.textfmt import format_bytes
 from patterns import ConfigError, Pattern
@@ -57,7 +60,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-ops-csv", type=byte_size, default=1 << 30, metavar="SIZE",
                         help="--timing op: refuse to start when ops.csv would be larger "
                              "(default 1G; sizes like 500M, 4G)")
-    parser.add_argument("--label", default=None,
+    parser.add_argument("--label", default=None, type=run_label,
                         help="run folder label (default replay-MODEL-tpTppP-BACKEND)")
     parser.set_defaults(run=run)
 
@@ -94,13 +97,22 @@ def run(args: argparse.Namespace) -> int:
     if args.nproc is not None or env is None:
         nproc = args.nproc or pattern.layout.world_size
         pattern.layout.check_world_size(nproc)
-        if args.device == "cpu":  # every rank's buffers in this machine's memory
+        if args.timing == "op":
+            check_op_disk(pattern, list(range(nproc)), args.iters, size, args.out)
+        if buffers_on_cpu(args.device, args.backend):  # every rank's buffers in host memory
             from microbench.replay.footprint import available_host_bytes, check_fits
             check_fits(pattern, list(range(nproc)), args.timing, args.warmup + args.iters,
                        available_host_bytes(), "host memory")
         check_out_dir(args.out)
         return launch.spawn_local(nproc, args.backend, strip_nproc(args.argv))
     pattern.layout.check_world_size(env.world_size)
+    check_out_for_rank(args.out, env.rank)
+    if args.timing == "op":
+        check_op_disk(pattern, [env.rank], args.iters, size, args.out)
+    if buffers_on_cpu(args.device, args.backend):
+        from microbench.replay.footprint import check_host_share, ranks_on_this_host
+        check_host_share(pattern, env.rank, args.timing, args.warmup + args.iters,
+                         ranks_on_this_host())
     args.launcher = env.launcher
     return run_rank(pattern, env, args)
 

@@ -2,6 +2,7 @@
 any rank starts."""
 
 import argparse
+import os
 import tempfile
 from pathlib import Path
 
@@ -52,6 +53,17 @@ def resolve_device(requested: str, backend: str = "torch") -> str:
     return "cuda" if _cuda_available(backend) else "cpu"
 
 
+def buffers_on_cpu(requested: str, backend: str) -> bool:
+    """Whether a run's buffers will be host memory: --device cpu, or auto on a host without
+    a GPU driver (found without importing torch, which costs seconds to the launcher)."""
+    if requested != "auto":
+        return requested == "cpu"
+    if not any(Path(p).exists() for p in ("/proc/driver/nvidia/gpus", "/dev/nvidiactl",
+                                          "/dev/kfd")):
+        return True
+    return resolve_device(requested, backend) == "cpu"
+
+
 def _cuda_available(backend: str = "torch") -> bool:
     """Whether the library behind `backend` sees a CUDA device: CuPy for nccl (which works
     beside a CPU build of torch), torch for the others (their device buffers are torch's)."""
@@ -98,6 +110,27 @@ def check_out_dir(out: str) -> None:
     except OSError as err:
         raise UsageError(f"--out {out!r} is not writable ({err.strerror}); pass a writable "
                          "folder") from None
+
+
+def check_out_for_rank(out: str, rank: int) -> None:
+    """Every rank a launcher started checks --out before start-up: a refusal on rank 0 alone
+    would leave the others waiting for it in MPI's or gloo's start-up until --timeout.
+
+    Rank 0, the writer, creates and probes it; the others only look (their node may not see
+    rank 0's folder yet), refusing what exists and cannot be written, on a read-only file
+    system or without permission, as rank 0 will."""
+    if rank == 0:
+        check_out_dir(out)
+        return
+    path = Path(out).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--out {out!r} is not a folder ({path} is a file); pass a writable "
+                         "folder")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {out!r} is not writable ({path} refuses new files); pass a "
+                         "writable folder")
 
 
 def check_backend_options(args: argparse.Namespace) -> None:

@@ -9,9 +9,15 @@ import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from microbench.argtypes import UsageError, byte_size, positive_int
+from microbench.argtypes import UsageError, byte_size, positive_int, run_label
 from microbench.cli.pattern_args import add_pattern_arguments, pattern_from_args
-from microbench.cli.run_args import add_run_arguments, check_out_dir, resolve_device, strip_nproc
+from microbench.cli.run_args import (
+    add_run_arguments,
+    check_out_dir,
+    check_out_for_rank,
+    resolve_device,
+    strip_nproc,
+)
 from microbench.ranks import dist, launch
 from microbench.ranks.failures import report_rank_failure
 from microbench.sweep.busbw import SweepOp, algbw_gbps, busbw_gbps
@@ -83,7 +89,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                             "whether its group stays on one node (intra) or spans nodes "
                             "(inter), and with N below the world every op is also swept over "
                             "the first N ranks, on one node")
-    sweep.add_argument("--label", default=None,
+    sweep.add_argument("--label", default=None, type=run_label,
                        help="run folder label (default sweep-BACKEND-TRANSPORT-wWORLD)")
     add_pattern_arguments(parser, required=False)
     add_run_arguments(parser)
@@ -177,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
         check_out_dir(args.out)
         return launch.spawn_local(nproc, args.backend, strip_nproc(args.argv))
     cases, skipped = cases_for(args, pattern, env.world_size)
+    check_out_for_rank(args.out, env.rank)
     args.launcher = env.launcher
     return run_rank(cases, skipped, pattern, env, args)
 

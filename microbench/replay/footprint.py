@@ -4,6 +4,7 @@ A batch or a sequence far beyond the machine would otherwise fail inside an allo
 the ranks have started (or swap the machine to a halt): say so up front, with the figures.
 """
 
+import os
 from pathlib import Path
 
 from microbench.argtypes import UsageError
@@ -60,3 +61,37 @@ def check_fits(pattern: Pattern, ranks: list[int], timing: str, iterations: int,
             f"the replay needs about {format_bytes(need)} of {where} for {count} (buffers "
             f"{format_bytes(buffers)}, timing marks {format_bytes(timing_bytes)}) but "
             f"{format_bytes(available)} are available; lower --batch, --prompt, --decode or -n")
+
+
+# Ranks a launcher put on this host, from the first of its variables that is set.
+_LOCAL_COUNT_VARS = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                     "SLURM_NTASKS_PER_NODE")
+
+
+def ranks_on_this_host(environ: dict[str, str] | None = None) -> int:
+    """How many ranks share this host's memory (1 when no launcher says)."""
+    env = os.environ if environ is None else environ
+    for var in _LOCAL_COUNT_VARS:
+        value = env.get(var, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return 1
+
+
+def check_host_share(pattern: Pattern, rank: int, timing: str, iterations: int,
+                     ranks_here: int) -> None:
+    """A launched rank's check of host memory: its own buffers counted once for every rank
+    on the host, since each checking its own alone would let them together take twice what
+    there is (a 12.5 GiB share each of 23 GiB, on 2 ranks)."""
+    available = available_host_bytes()
+    if available is None or ranks_here <= 1:
+        check_fits(pattern, [rank], timing, iterations, available, "host memory")
+        return
+    buffers, marks = rank_bytes(pattern, rank, timing, iterations)
+    need = (buffers + marks) * ranks_here
+    if need > available:
+        raise UsageError(
+            f"the replay needs about {format_bytes(need)} of host memory for the {ranks_here} "
+            f"ranks on this host (rank {rank}: buffers {format_bytes(buffers)}, timing marks "
+            f"{format_bytes(marks)}, each) but {format_bytes(available)} are available; lower "
+            "--batch, --prompt, --decode or -n, or place fewer ranks a host")

@@ -67,7 +67,9 @@ def csv_text(rows: list[dict[str, Any]], columns: list[str] | None = None) -> st
 
 
 def _slug(label: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", label).strip("-") or "run"
+    # Cut as --label is (argtypes.MAX_LABEL_CHARS): a default label carries the model's name,
+    # which a config.json may make as long as it likes, and a folder name has 255 bytes.
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", label).strip("-")[:120].strip("-") or "run"
 
 
 # Exit status of a run measured but not written where asked (sysexits' EX_IOERR): apart from
