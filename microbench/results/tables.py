@@ -196,6 +196,46 @@ def _convert(path: Path, text: pd.Series, column: str, kind: str, required: bool
     return numbers.astype("float64")
 
 
+def check_rows(path: Path, frame: pd.DataFrame, iterations: object) -> None:
+    """The rows a file must have for the run meta.json describes: every timed iteration once
+    (iterations.csv; each case of samples.csv), none beyond (ops.csv), no row twice. A file
+    cut short or pasted into fails here rather than giving figures from the wrong rows."""
+    if path.name not in ("iterations.csv", "samples.csv", "ops.csv"):
+        return
+    expected = iterations if isinstance(iterations, int) and not isinstance(
+        iterations, bool) and iterations > 0 else None
+    if expected is not None:
+        beyond = frame["iteration"] >= expected
+        if beyond.any():
+            line = int(beyond.idxmax()) + 2
+            raise UsageError(f"{path}: line {line}: iteration {frame['iteration'][line - 2]}, "
+                             f"but meta.json says {expected} timed iterations")
+    if path.name == "ops.csv":
+        return
+    keys = ["iteration"] if path.name == "iterations.csv" else [
+        c for c in ("op", "size_bytes", "dtype", "group_size", "iteration") if c in frame]
+    twice = frame.duplicated(subset=keys)
+    if twice.any():
+        line = int(twice.idxmax()) + 2
+        raise UsageError(f"{path}: line {line} repeats an earlier row's "
+                         f"{', '.join(keys)}; each timed iteration is one row")
+    if expected is None:
+        return
+    cases = frame.groupby(keys[:-1], sort=False).size() if keys[:-1] else pd.Series(
+        [len(frame)])
+    short = cases[cases != expected]
+    if len(short):
+        which = "" if not keys[:-1] else f" for {short.index[0]}"
+        raise UsageError(f"{path}: {int(short.iloc[0])} rows{which}, but meta.json says "
+                         f"{expected} timed iterations; the file is cut short or not this "
+                         "run's")
+    partial = [c for c in frame.columns if frame[c].isna().any() and frame[c].notna().any()]
+    if partial:
+        line = int(frame[partial[0]].isna().idxmax()) + 2
+        raise UsageError(f"{path}: line {line} has no {partial[0]} value where other rows "
+                         "have one; the row was cut short")
+
+
 def flatten(meta: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """Nested keys joined with dots: pattern.workload.decode_steps; lists kept as values."""
     out: dict[str, Any] = {}
@@ -231,7 +271,9 @@ class Results:
     def table(self, filename: str) -> pd.DataFrame | None:
         if not self.has(filename):
             return None
-        return read_table(self.path / filename, SCHEMAS[filename])
+        frame = read_table(self.path / filename, SCHEMAS[filename])
+        check_rows(self.path / filename, frame, self.raw_meta.get("iterations"))
+        return frame
 
     @cached_property
     def iterations(self) -> pd.DataFrame | None:
