@@ -132,3 +132,39 @@ def test_a_label_too_long_to_name_a_folder_is_refused_up_front(tmp_path, capsys,
     err = capsys.readouterr().err
     assert ended.value.code == 2 and "a label of 10,000 characters; use at most 120" in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
+
+
+SAMPLES = Path(__file__).resolve().parent.parent / "results" / "examples" / "samples"
+REPLAY = next(SAMPLES.glob("*-replay-llama-3.2-1b-tp2-mpi"))
+SAMPLE_MPI = next(SAMPLES.glob("*-replay-llama-3.2-1b-tp2-torch"))
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 64 KiB tmpfs holding one 64 KiB file: nothing more fits."""
+    with mounted(tmp_path / "full", "-t", "tmpfs", "-o", "size=64k", "tmpfs") as disk:
+        with contextlib.suppress(OSError), (disk / "filler").open("wb") as f:
+            f.write(b"x" * (64 << 10))
+        yield disk
+
+
+@pytest.mark.parametrize("command", [
+    ["report", str(REPLAY), "-o", "{disk}/report.html"],
+    ["plot", str(REPLAY), "-o", "{disk}/figures"],
+    ["compare", str(SAMPLE_MPI), str(REPLAY), "--inconclusive-ok", "-o", "{disk}/cmp.md"],
+])
+def test_outputs_on_a_full_disk_leave_no_partial_file(cli, full_disk, command):
+    # Item 12: a 100 KB report.html, a 0-byte PNG (plot with a traceback) were left behind.
+    status, _, err = cli(*[a.format(disk=full_disk) for a in command])
+    assert status == 2 and "Traceback" not in err, err
+    assert "cannot write" in err and "No space left on device" in err, err
+    left = [p for p in full_disk.rglob("*") if p.is_file() and p.name != "filler"]
+    assert left == [], left
+
+
+def test_compare_output_on_a_read_only_disk_is_one_line(cli, read_only):
+    # Item 12: the clean-up inside the error handler raised (unlink on a read-only disk).
+    status, _, err = cli("compare", str(SAMPLE_MPI), str(REPLAY), "--inconclusive-ok", "-o",
+                         str(read_only / "cmp.md"))
+    assert status == 2 and "Traceback" not in err, err
+    assert err.strip().endswith("(Read-only file system); pass a writable place"), err

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from microbench.argtypes import UsageError
+from microbench.results.atomic import write_atomic
 from microbench.results.runs import RunFolder, load_run
 
 EXAMPLES = """\
@@ -69,11 +70,7 @@ def run_report(args: argparse.Namespace) -> int:
         raise UsageError(f"-o {args.output} is a folder; name the HTML file to write")
     entries, tables = build(runs, sweep, args.threshold)
     page = render_html(entries, tables)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(page)
-    except OSError as err:
-        raise UsageError(f"-o {args.output}: cannot write ({err.strerror})") from None
+    write_atomic(out, page, args.output)
     for note in tables["notes"]:
         sys.stderr.write(f"infercomm report: {note}\n")
     print(f"report: {out} ({len(page) // 1024} KiB, {len(entries)} figures: "
@@ -96,7 +93,7 @@ def run_plot(args: argparse.Namespace) -> int:
     files = []
     for e in entries:
         path = folder / f"{e.name}.png"
-        path.write_bytes(png_bytes(e.figure))
+        write_atomic(path, png_bytes(e.figure), args.output)
         files.append(str(path))
         print(f"{path}  {e.title}")
     for note in tables["notes"]:
