@@ -48,7 +48,8 @@ def kill_leftovers(marker: str) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def start_long_replay(tmp_path: Path, backend: str, marker: str) -> subprocess.Popen:
+def start_long_replay(tmp_path: Path, backend: str, marker: str,
+                      *extra: str) -> subprocess.Popen:
     """The issue's command shape: setsid, a decode far longer than the test, -n 1 -w 0."""
     model = tiny_model(tmp_path)
     (tmp_path / "tmp").mkdir()
@@ -57,7 +58,7 @@ def start_long_replay(tmp_path: Path, backend: str, marker: str) -> subprocess.P
     return subprocess.Popen(
         ["setsid", sys.executable, "-m", "microbench", "replay", "--nproc", "2", "--backend",
          backend, "--device", "cpu", "--model", model, "--tp", "2", "--prompt", "16",
-         "--decode", "200000", "-n", "1", "-w", "0", "--out", str(tmp_path / "o")],
+         "--decode", "200000", "-n", "1", "-w", "0", "--out", str(tmp_path / "o"), *extra],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -89,15 +90,12 @@ def test_killing_the_launcher_ends_every_process_of_the_run(tmp_path, backend, s
         left = wait_gone(marker, 10)
         assert left == [], f"processes of the run left 10 s after {sig.name}: {left}"
         assert not list((tmp_path / "o").glob("2*")), "nobody reads a run that was stopped"
-        # The launcher's notes folder goes too: after SIGKILL, the ranks' sentinels remove it
-        # (torch), or the next launch does (mpi: mpiexec kills the sentinels with the ranks).
-        if backend == "mpi":
-            proc, _ = infercomm("replay", "--model", tiny_model(tmp_path), "--tp", "2",
-                                "--prompt", "4", "--decode", "2", "-n", "1", "-w", "0",
-                                "--device", "cpu", "--out", str(tmp_path / "next"),
-                                env={"TMPDIR": str(tmp_path / "tmp")})
-            assert proc.returncode == 0, proc.stderr
-        assert not list(Path(tmp_path / "tmp").glob("infercomm-launch-*"))
+        # The launcher's notes folder goes too, without waiting for a later run: after
+        # SIGKILL the launcher's reaper removes it (mpiexec kills the ranks' sentinels).
+        deadline = time.monotonic() + 5
+        while list(Path(tmp_path / "tmp").glob("infercomm-launch-*")):
+            assert time.monotonic() < deadline, "the launch folder outlived its launcher"
+            time.sleep(0.1)
     finally:
         kill_leftovers(marker)
         launcher.kill()
@@ -144,3 +142,69 @@ def test_a_check_failure_says_the_data_was_wrong(tmp_path, backend):
     assert "--check found wrong data" in proc.stderr
     assert "ended with exit status 1" not in proc.stderr  # not a crash
     assert last_json(proc.stdout)["wrong"] > 0  # stdout still ends with the JSON line
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    except OSError:
+        return []
+
+
+def rank_pids(marker: str, rank: int) -> list[int]:
+    """The rank processes themselves (not their sentinels), found by RANK/PMI_RANK."""
+    found = []
+    for pid in run_processes(marker):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        cmd = _cmdline(pid)
+        if ("microbench" in cmd and "replay" in cmd and "--nproc" not in cmd
+                and (f"RANK={rank}".encode() in environ
+                     or f"PMI_RANK={rank}".encode() in environ)):
+            found.append(pid)
+    return found
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_stopped_rank_ends_the_run_with_124_within_its_timeout(tmp_path, backend):
+    # Fault battery item 15: SIGSTOP of a rank with --timeout 10 ended in 10 s but exited 137
+    # (its sentinel's SIGKILL); no progress is 124.
+    marker = uuid.uuid4().hex
+    launcher = start_long_replay(tmp_path, backend, marker, "--timeout", "4")
+    try:
+        wait_started(marker, STARTED[backend], launcher)
+        (stopped,) = rank_pids(marker, 1)
+        os.kill(stopped, signal.SIGSTOP)
+        _out, err = launcher.communicate(timeout=30)
+        assert launcher.returncode == 124, err
+        assert "made no progress" in err and "Traceback" not in err
+        assert wait_gone(marker, 10) == []
+    finally:
+        kill_leftovers(marker)
+        launcher.kill()
+        launcher.communicate()
+
+
+@needs_mpi
+def test_killing_mpis_process_manager_proxy_ends_every_rank(tmp_path):
+    # Fault battery item 9: SIGKILL of hydra_pmi_proxy left the ranks running for 50 s (they
+    # then wrote a run folder), and the launcher said "signal 127" for mpiexec's status 255.
+    marker = uuid.uuid4().hex
+    # MPI runs the tiny model's 200,000 steps in about 2 s: 100 inferences outlast the test.
+    launcher = start_long_replay(tmp_path, "mpi", marker, "-n", "100", "--timing", "inference")
+    try:
+        wait_started(marker, STARTED["mpi"], launcher)
+        (proxy,) = [p for p in run_processes(marker)
+                    if _cmdline(p)[0].endswith("hydra_pmi_proxy")]
+        os.kill(proxy, signal.SIGKILL)
+        _out, err = launcher.communicate(timeout=20)
+        assert launcher.returncode != 0 and "signal 127" not in err, err
+        assert "Traceback" not in err
+        assert wait_gone(marker, 10) == []
+        assert not list((tmp_path / "o").glob("2*")), "a run whose job failed was written"
+    finally:
+        kill_leftovers(marker)
+        launcher.kill()
+        launcher.communicate()

@@ -18,6 +18,7 @@ from typing import IO, Any
 
 from microbench.argtypes import UsageError
 from microbench.ranks import notes
+from microbench.ranks.watchdog import TIMEOUT_EXIT_STATUS
 from microbench.results.store import WRITE_ERROR_EXIT_STATUS
 
 # After the first rank fails, the others get this long to report their own error.
@@ -113,6 +114,7 @@ def spawn_local(nproc: int, backend: str, argv: list[str]) -> int:
     rank is ended (exit 128+signal, one line); SIGKILL cannot be caught, so each rank's
     sentinel polls the launcher and ends its rank, and direct children get PDEATHSIG."""
     folder = notes.new_launch_dir()
+    _start_reaper(folder)
     env = _base_env()
     env.update({notes.LAUNCHER_VAR: notes.launcher_identity(),
                 notes.LAUNCH_DIR_VAR: str(folder)})
@@ -130,7 +132,9 @@ def spawn_local(nproc: int, backend: str, argv: list[str]) -> int:
             reader.start()
             status = _wait_all(procs, ["mpiexec"], folder)
             reader.join(timeout=5)
-            return _mpi_status(status, banner, folder)
+            if status and notes.stuck_ranks(folder):
+                return _no_progress(status, folder)
+            return _mpi_status(status, banner, folder, procs[0].returncode)
         env.update(WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
                    MASTER_ADDR=env.get("MASTER_ADDR") or "127.0.0.1",
                    MASTER_PORT=str(master_port(env)))
@@ -138,7 +142,8 @@ def spawn_local(nproc: int, backend: str, argv: list[str]) -> int:
             procs.append(subprocess.Popen([sys.executable, "-m", "microbench", *argv],
                                           env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
                                           **common))
-        return _wait_all(procs, [f"rank {r}" for r in range(nproc)], folder)
+        return _no_progress(_wait_all(procs, [f"rank {r}" for r in range(nproc)], folder),
+                            folder)
     except _Stopped as stopped:
         for s in STOP_SIGNALS:  # a second Ctrl-C must not interrupt the clean-up
             signal.signal(s, signal.SIG_IGN)
@@ -152,6 +157,46 @@ def spawn_local(nproc: int, backend: str, argv: list[str]) -> int:
         for s, handler in previous.items():
             signal.signal(s, handler)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+# Waits for the launcher to end, however it ends, and removes its notes folder: a launcher
+# killed by SIGKILL cannot, and under MPI its ranks' sentinels die with the ranks. Standard
+# library only (-S: no site packages), so it starts in milliseconds.
+_REAPER = """
+import os, shutil, sys, time
+pid, folder = int(sys.argv[1]), sys.argv[2]
+while True:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        break
+    except PermissionError:
+        pass
+    if not os.path.isdir(folder):
+        sys.exit(0)
+    time.sleep(0.2)
+shutil.rmtree(folder, ignore_errors=True)
+"""
+
+
+def _start_reaper(folder: Path) -> None:
+    """A process outside the run's process groups that removes `folder` once we are gone."""
+    with contextlib.suppress(OSError):
+        subprocess.Popen([sys.executable, "-S", "-c", _REAPER, str(os.getpid()), str(folder)],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def _no_progress(status: int, folder: Path) -> int:
+    """124 when a rank made no progress for --timeout (its own message said so above),
+    whatever ended it (its sentinel's SIGKILL) or its peers (a closed connection)."""
+    stuck = notes.stuck_ranks(folder)
+    if not status or not stuck:
+        return status
+    which = ", ".join(map(str, stuck))
+    sys.stderr.write(f"infercomm: error: rank {which} made no progress within --timeout; "
+                     "ended every rank\n")
+    return TIMEOUT_EXIT_STATUS
 
 
 def master_port(env: dict[str, str]) -> int:
@@ -263,7 +308,7 @@ class _MpiBanner:
             self.signal = int(found.group(1))
 
 
-def _mpi_status(status: int, banner: _MpiBanner, folder: Path) -> int:
+def _mpi_status(status: int, banner: _MpiBanner, folder: Path, raw: int | None = None) -> int:
     """Name the rank and the signal MPICH reported (by pid), or say how mpiexec ended."""
     if status in (0, WRITE_ERROR_EXIT_STATUS) or (status == 1 and notes.wrong_by_rank(folder)):
         return status
@@ -278,8 +323,14 @@ def _mpi_status(status: int, banner: _MpiBanner, folder: Path) -> int:
         sys.stderr.write(f"infercomm: error: {who} ({where}) ended with exit status "
                          f"{banner.exit_code}; mpiexec ended the other ranks\n")
         return status
-    how = f"signal {_signal_name(status - 128)}" if status > 128 else f"exit status {status}"
-    sys.stderr.write(f"infercomm: error: mpiexec ended with {how}\n")
+    # A signal is a negative return code; 255 is mpiexec's own status (Hydra: a proxy or a
+    # rank was lost), not signal 127.
+    killed = raw is not None and raw < 0
+    how = f"signal {_signal_name(-raw)}" if killed and raw is not None else \
+        f"exit status {status}"
+    lost = ("; its process manager lost a rank or a proxy, and every rank was ended"
+            if status == 255 and not killed else "")
+    sys.stderr.write(f"infercomm: error: mpiexec ended with {how}{lost}\n")
     return status
 
 

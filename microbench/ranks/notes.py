@@ -5,8 +5,9 @@ The launcher exports two variables to every rank it starts (directly, or through
   recycled pid is not mistaken for it). The rank's sentinel polls it and ends the rank when
   the launcher is gone, whatever signal ended it (SIGKILL included, which nothing can catch).
 - INFERCOMM_LAUNCH_DIR: a private folder where each rank leaves small notes: its pid (so an
-  MPI failure reported by pid is named by rank) and the wrong elements its --check found (so
-  the launcher says the data was wrong, not that a rank crashed).
+  MPI failure reported by pid is named by rank), the wrong elements its --check found (so
+  the launcher says the data was wrong, not that a rank crashed), and that it made no progress
+  (so the run ends with 124, not with the signal that ended the stuck rank).
 Outside `--nproc` neither is set and nothing here does anything.
 """
 
@@ -56,6 +57,16 @@ def note_rank(rank: int) -> None:
 
 def note_wrong(rank: int, wrong: int) -> None:
     _note(f"wrong-{rank}", str(wrong))
+
+
+def note_stuck(rank: int) -> None:
+    """The rank made no progress for --timeout and is ended (by its watchdog or sentinel):
+    the run's status is then 124, whatever the peers' errors or the kill's signal say."""
+    _note(f"stuck-{rank}", str(rank))
+
+
+def stuck_ranks(folder: Path) -> list[int]:
+    return sorted(int(p.name[6:]) for p in folder.glob("stuck-*") if p.name[6:].isdigit())
 
 
 def new_launch_dir() -> Path:

@@ -13,11 +13,14 @@ nothing heavy, so it starts in tens of milliseconds.
 
 Under `--nproc` it also polls the launcher twice a second and kills the rank when the launcher
 is gone (microbench/ranks/notes.py): a launcher killed by SIGKILL can end nobody itself, and
-MPI ranks are not its children, so only something beside each rank can end it.
+MPI ranks are not its children, so only something beside each rank can end it. Under any
+launcher it kills the rank when the rank is orphaned: its parent (a process manager's proxy)
+died, which ends the job whatever the rank is doing.
 
     python -m microbench.ranks.sentinel PID TIMEOUT RANK COMMAND
 """
 
+import contextlib
 import os
 import select
 import signal
@@ -37,23 +40,32 @@ def watch(fd: int, pid: int, timeout: float, rank: int, command: str,
     where = "start-up"
     pending = b""
     last_beat = time.monotonic()
+    parent = parent_of(pid)
     while True:
         left = last_beat + timeout - time.monotonic()
-        wait = min(left, LAUNCHER_POLL_SECONDS) if launcher else left
+        wait = min(left, LAUNCHER_POLL_SECONDS)
         ready, _, _ = select.select([fd], [], [], max(wait, 0.0))
         if launcher and not notes.launcher_alive(launcher):
-            sys.stderr.write(f"infercomm {command}: error: rank {rank}: its launcher (pid "
-                             f"{launcher.partition(':')[0]}) ended; ending the rank\n")
-            sys.stderr.flush()
+            _say(f"infercomm {command}: error: rank {rank}: its launcher (pid "
+                 f"{launcher.partition(':')[0]}) ended; ending the rank\n")
             os.kill(pid, signal.SIGKILL)
             notes.remove_launch_dir()
+            return
+        now = parent_of(pid)
+        if parent is not None and now is not None and now != parent:
+            # Orphaned: the process that started the rank (MPICH's hydra_pmi_proxy, Open
+            # MPI's prted, slurmstepd, torchrun's agent) is gone, and with it the job; the
+            # rank would run on alone and write results of a job that failed.
+            _say(f"infercomm {command}: error: rank {rank}: the process that started it "
+                 f"(pid {parent}) ended; ending the rank\n")
+            os.kill(pid, signal.SIGKILL)
             return
         if not ready:
             if time.monotonic() - last_beat < timeout:
                 continue  # woke up to look at the launcher
-            sys.stderr.write(no_progress_message(command, rank, timeout, where,
-                                                 "the interpreter is stuck in a library call"))
-            sys.stderr.flush()
+            _say(no_progress_message(command, rank, timeout, where,
+                                     "the interpreter is stuck in a library call"))
+            notes.note_stuck(rank)
             os.kill(pid, signal.SIGKILL)
             return
         chunk = os.read(fd, 4096)
@@ -66,6 +78,27 @@ def watch(fd: int, pid: int, timeout: float, rank: int, command: str,
         pending = lines[-1]
         if len(lines) > 1:
             where = lines[-2].decode(errors="replace")
+
+
+def _say(message: str) -> None:
+    """Write to the rank's stderr, which may be a pipe to a process manager that died: the
+    rank must still be ended after a write that fails (BrokenPipeError)."""
+    with contextlib.suppress(OSError):
+        sys.stderr.write(message)
+        sys.stderr.flush()
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent pid of `pid` from /proc (Linux); None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # pid (comm) state ppid ...: comm may hold spaces and parentheses, so split after the
+    # last ')'.
+    fields = stat[stat.rfind(b")") + 2:].split()
+    return int(fields[1]) if len(fields) > 1 else None
 
 
 def main(argv: list[str]) -> int:

@@ -91,4 +91,5 @@ class Watchdog:
                 sys.stderr.write(no_progress_message(self.command, self.rank, self.timeout,
                                                      self.where))
                 sys.stderr.flush()
+                notes.note_stuck(self.rank)
                 os._exit(TIMEOUT_EXIT_STATUS)
