@@ -24,7 +24,6 @@ from microbench.cli.run_args import (
 from microbench.ranks import dist, faults, launch, notes
 from microbench.ranks.failures import report_rank_failure
 from microbench.replay import LEVELS
-from microbench.replay.disk_space import check_op_disk
 from microbench.replay.graphs import MODES, resolve_mode
 from microbench.views.textfmt import format_bytes
 from patterns import ConfigError, Pattern
@@ -98,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         nproc = args.nproc or pattern.layout.world_size
         pattern.layout.check_world_size(nproc)
         if args.timing == "op":
+            from microbench.replay.disk_space import check_op_disk
             check_op_disk(pattern, list(range(nproc)), args.iters, size, args.out)
         if buffers_on_cpu(args.device, args.backend):  # every rank's buffers in host memory
             from microbench.replay.footprint import available_host_bytes, check_fits
@@ -108,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     pattern.layout.check_world_size(env.world_size)
     check_out_for_rank(args.out, env.rank)
     if args.timing == "op":
+        from microbench.replay.disk_space import check_op_disk
         check_op_disk(pattern, [env.rank], args.iters, size, args.out)
     if buffers_on_cpu(args.device, args.backend):
         from microbench.replay.footprint import check_host_share, ranks_on_this_host
