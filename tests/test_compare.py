@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from microbench.analysis.compare import (
-    bootstrap_ratio,
     compare_samples,
     iterations_needed,
     verdict,
 )
+from microbench.analysis.hierarchy import hierarchical_ratio
 from microbench.argtypes import UsageError
 from tests.conftest import last_json
 
@@ -48,18 +48,31 @@ def slowed_copy(run: Path, dest: Path, factor: float, files: tuple[str, ...]) ->
     return dest
 
 
+def bootstrap_ratio(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
+    return hierarchical_ratio([a], [b])  # one run a side: the within-run bootstrap
+
+
 def test_constant_samples_give_an_exact_interval():
     # Every resample of five 100s has median 100, of five 130s median 130: the interval
     # collapses to the ratio 130/100 = 1.3.
     ratio, low, high = bootstrap_ratio(np.full(5, 100.0), np.full(5, 130.0))
     assert (ratio, low, high) == pytest.approx((1.3, 1.3, 1.3))
-    c = compare_samples("B", "e2e_us", np.full(5, 100.0), np.full(5, 130.0), threshold=0.05)
-    assert c.verdict == "slower" and c.regression  # 1.3 > 1 + 0.05
+    # With no drift allowed (--drift 0) the interval is read as it is:
+    c = compare_samples("B", "e2e_us", np.full(5, 100.0), np.full(5, 130.0), 0.05, drift=0)
+    assert c.verdict == "regression" and c.regression  # 1.3 > 1 + 0.05
     # 104/100 = 1.04: slower beyond doubt, but within a 5% threshold, so no regression.
-    c = compare_samples("B", "e2e_us", np.full(5, 100.0), np.full(5, 104.0), threshold=0.05)
+    c = compare_samples("B", "e2e_us", np.full(5, 100.0), np.full(5, 104.0), 0.05, drift=0)
     assert c.verdict == "slower" and not c.regression
-    c = compare_samples("B", "e2e_us", np.full(5, 100.0), np.full(5, 90.0), threshold=0.05)
+    c = compare_samples("B", "e2e_us", np.full(5, 100.0), np.full(5, 90.0), 0.05, drift=0)
     assert c.verdict == "faster" and not c.regression
+    # One run a side with the default drift 0.40: [1.3 / 1.4, 1.3 x 1.4] = [0.929, 1.82]
+    # holds 1, so a 30% slowdown of one run could be drift: inconclusive, 3 runs a side.
+    c = compare_samples("B", "e2e_us", np.full(5, 100.0), np.full(5, 130.0), 0.05)
+    assert (c.ci_low, c.ci_high) == pytest.approx((1.3 / 1.4, 1.3 * 1.4))
+    assert c.verdict == "inconclusive" and c.runs_needed == 3 and c.drift_allowed == 0.4
+    # x1.5: [1.5 / 1.4, 2.1] = [1.071, 2.1] is clear of 1 and 1.5 > 1.05: a regression.
+    c = compare_samples("B", "e2e_us", np.full(5, 100.0), np.full(5, 150.0), 0.05)
+    assert c.verdict == "regression" and c.ci_low == pytest.approx(1.5 / 1.4)
 
 
 def test_verdict_reads_the_interval():
@@ -99,11 +112,12 @@ def test_few_or_wide_samples_are_inconclusive_never_same():
     c = compare_samples("B", "e2e_us", a, a[::-1].copy(), threshold=0.05)
     assert c.ratio == 1.0 and c.ci_low < 1 / 1.05 and c.ci_high > 1.05
     assert c.verdict == "inconclusive" and not c.regression
-    assert c.iterations_needed is not None and c.iterations_needed > 5
+    assert c.runs_needed == 3  # one run a side: the drift between runs must be measured
     # One sample each: a bootstrap interval of a single point says nothing of the spread.
     c = compare_samples("B", "e2e_us", np.array([100.0]), np.array([130.0]), threshold=0.05)
-    assert (c.ci_low, c.ci_high) == (1.3, 1.3) and c.verdict == "inconclusive"
-    assert c.iterations_needed == 5  # MIN_SAMPLES
+    # (here [1.3, 1.3] widened by the drift: [1.3 / 1.4, 1.3 x 1.4])
+    assert (c.ci_low, c.ci_high) == pytest.approx((1.3 / 1.4, 1.82))
+    assert c.verdict == "inconclusive" and c.iterations_needed == 5  # MIN_SAMPLES
     with pytest.raises(UsageError, match="no positive finite samples"):
         compare_samples("B", "e2e_us", a, np.array([np.nan] * 5), threshold=0.05)
 
@@ -114,54 +128,64 @@ def test_bootstrap_is_seeded():
     assert bootstrap_ratio(a, b) == bootstrap_ratio(a, b)
 
 
-def test_a_run_against_itself_is_never_different(cli):
+def test_a_run_against_itself_is_refused(cli, tmp_path):
+    # The same folder on both sides, or a byte-for-byte copy of it, is one run: every ratio
+    # would read 1.000 and say nothing of drift. Refused as bad input, exit 2, one line.
     status, out, err = cli("compare", str(MPI_REPLAY), str(MPI_REPLAY))
-    line = last_json(out)
-    assert line["regressions"] == [] and line["kind"] == "replay"
-    # Both runs were made with --timing op, so the op kinds (allreduce, gather) come too.
-    names = [m["metric"] for m in line["metrics"]]
-    assert names == ["prefill_us", "decode_step_us", "e2e_us", "allreduce_us", "gather_us"]
-    for m in line["metrics"]:
-        assert m["ratio"] == 1.0 and m["ci_low"] <= 1.0 <= m["ci_high"]
-        assert m["verdict"] in ("same", "inconclusive")
-    # Its 5 gather samples spread so far that the interval reaches past 1.05 (printed
-    # [0.863, 1.159]): inconclusive, exit 3, one line on stderr with the iterations needed:
-    # 5 / (0.95 x log 1.05 / log 1.159)^2 = 5 / (0.95 x 0.3308)^2 = 50.6 -> 51.
-    gather = line["metrics"][-1]
-    assert gather["verdict"] == "inconclusive" and gather["iterations_needed"] == 51
-    assert status == 3 and line["inconclusive"] == ["gather_us"]
-    assert len(err.strip().splitlines()) == 1
-    assert "inconclusive" in err and "gather_us" in err and "-n 51" in err
-    # A gate that accepts undecided metrics says so; they are still named.
-    status, out, err = cli("compare", str(MPI_REPLAY), str(MPI_REPLAY), "--inconclusive-ok")
-    assert status == 0 and "gather_us" in err
+    assert status == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "are the same folder, on both sides" in err
+    copy = tmp_path / "copy"
+    shutil.copytree(MPI_REPLAY, copy)
+    status, _, err = cli("compare", "-A", str(MPI_REPLAY), "-B", str(copy))
+    assert status == 2 and "are copies of one run, on both sides" in err
+    status, _, err = cli("compare", "-A", str(MPI_REPLAY), str(copy), "-B", str(GLOO_REPLAY))
+    assert status == 2 and "are copies of one run, on side A" in err
 
 
-def test_a_copy_slowed_by_30_percent_regresses(cli, tmp_path):
+def test_one_run_a_side_is_inconclusive_below_the_drift(cli, tmp_path):
+    # x1.3 on every sample: beyond doubt within the run, but within the drift allowed between
+    # single runs (x1.4): inconclusive, exit 3, and stderr says the spread is unknown.
     slow = slowed_copy(MPI_REPLAY, tmp_path / "slow", 1.3, ("iterations.csv", "ops.csv"))
+    status, out, err = cli("compare", str(MPI_REPLAY), str(slow))
+    assert status == 3, err
+    line = last_json(out)
+    e2e = next(m for m in line["metrics"] if m["metric"] == "e2e_us")
+    assert e2e["ratio"] == pytest.approx(1.3)  # every sample x 1.3, so the median too
+    assert e2e["label"] == "inconclusive: 3 runs a side" and e2e["drift_allowed"] == 0.4
+    assert "drift between runs is unknown" in err and "3 or more runs a side" in err
+    assert "drift A/B" in out and "unknown/unknown" in out
+    # --drift 0 reads the within-run interval alone: a regression (the old gate).
+    status, out, err = cli("compare", str(MPI_REPLAY), str(slow), "--drift", "0")
+    assert status == 1 and "e2e_us" in last_json(out)["regressions"]
+    assert "regression beyond 0.05" in err
+
+
+def test_a_copy_slowed_twofold_regresses(cli, tmp_path):
+    slow = slowed_copy(MPI_REPLAY, tmp_path / "slow", 2.0, ("iterations.csv", "ops.csv"))
     status, out, err = cli("compare", str(MPI_REPLAY), str(slow))
     assert status == 1
     line = last_json(out)
     e2e = next(m for m in line["metrics"] if m["metric"] == "e2e_us")
-    assert e2e["ratio"] == pytest.approx(1.3)  # every sample x 1.3, so the median too
-    assert e2e["verdict"] == "slower" and e2e["regression"]
+    assert e2e["ratio"] == pytest.approx(2.0) and e2e["verdict"] == "regression"
     assert "e2e_us" in line["regressions"]
-    assert len(err.strip().splitlines()) == 1 and "regression" in err and "e2e_us" in err
-    # A 35% threshold forgives it: 1.3 is not > 1 + 0.35.
-    status, out, _ = cli("compare", str(MPI_REPLAY), str(slow), "--threshold", "0.35")
-    assert status == 0 and last_json(out)["regressions"] == []
+    assert "regression beyond 0.05" in err and "e2e_us" in err
+    # A threshold of 1.5 forgives it: 2.0 is not > 1 + 1.5.
+    status, out, _ = cli("compare", str(MPI_REPLAY), str(slow), "--threshold", "1.5")
+    assert status != 1 and last_json(out)["regressions"] == []
 
 
 def test_markdown_to_a_file(cli, tmp_path):
-    slow = slowed_copy(MPI_REPLAY, tmp_path / "slow", 1.3, ("iterations.csv", "ops.csv"))
+    slow = slowed_copy(MPI_REPLAY, tmp_path / "slow", 2.0, ("iterations.csv", "ops.csv"))
     md = tmp_path / "ci" / "compare.md"
     status, out, err = cli("compare", str(MPI_REPLAY), str(slow), "--format", "markdown",
                            "-o", str(md))
     assert status == 1, err  # the regression still decides the exit status
     text = md.read_text()
     assert text.startswith("### infercomm compare")
-    assert "| metric | run | A median | median | ratio | 95% CI | verdict |" in text
-    assert "| e2e_us | B |" in text and "{" not in text  # the JSON line stays on stdout
+    assert ("| metric | run | A median | median | ratio | 95% CI | verdict | drift A/B | "
+            "shape |") in text
+    assert "| e2e_us | B |" in text and "| regression |" in text
+    assert "{" not in text  # the JSON line stays on stdout
     assert "| metric |" not in out
     line = last_json(out)
     assert line["output"] == str(md) and "e2e_us" in line["regressions"]
@@ -170,7 +194,7 @@ def test_markdown_to_a_file(cli, tmp_path):
 
 
 def test_a_slowed_sweep_regresses(cli, tmp_path):
-    slow = slowed_copy(MPI_SWEEP, tmp_path / "slow", 1.3, ("samples.csv",))
+    slow = slowed_copy(MPI_SWEEP, tmp_path / "slow", 2.0, ("samples.csv",))
     status, out, err = cli("compare", str(MPI_SWEEP), str(slow), "--format", "markdown")
     assert status == 1, err
     assert "| metric | run | A median | median | ratio | 95% CI | verdict |" in out

@@ -1,78 +1,80 @@
-"""Run against run: ratio of medians, its bootstrap confidence interval, and a verdict.
+"""Side A (the baseline) against side B, several runs a side: ratio, interval, verdict.
 
-For each metric, with A the baseline's samples and B the other run's:
-- ratio = median(B) / median(A) (above 1: B is slower);
-- 95% interval: resample A and B (with replacement, each to its own size) 2000 times with a
-  seeded generator, take median(B*) / median(A*) each time, keep the 2.5th and 97.5th
-  percentiles (the percentile bootstrap);
-- verdict, with t the threshold (default 0.05):
-  "faster" when the whole interval is below 1, "slower" when it is above 1;
-  "same" when it holds 1 and lies within [1/(1+t), 1+t]: any difference is within t;
-  "inconclusive" when it holds 1 but reaches past 1+t or below 1/(1+t): the samples can
-  neither show a difference nor rule out one larger than the threshold (a ratio of 29 with
-  an interval [0.34, 44.7] is not "same"), or when a run has fewer than MIN_SAMPLES
-  samples (a percentile bootstrap of a median from 1 to 4 samples is far too narrow: from
-  one sample it is a single point);
-- regression: "slower" and ratio > 1 + threshold, i.e. B is slower beyond doubt and by more
-  than the threshold.
-An inconclusive metric carries the iterations that would likely resolve it (see
-iterations_needed). Samples are one per timed inference (replay) or per timed call (sweep),
-each the slowest rank's, so iterations are the resampling unit.
+Runs, not iterations, are the unit of a verdict. For each metric, with each side's runs:
+- ratio = median(B) / median(A) of each side's pooled samples (above 1: B is slower);
+- 95% interval from the hierarchical bootstrap (analysis/hierarchy.py): 2000 seeded
+  resamples, each drawing runs with replacement and then each drawn run's iterations;
+- one run a side: the between-run spread is unknown and the interval covers only the
+  variation within a run. The interval is then widened by the drift allowance D (default
+  0.40, --drift): [low / (1 + D), high x (1 + D)]. So one run against one is called slower
+  (or faster) only beyond a 1.4x drift, and never "same";
+- verdict, with t the threshold (default 0.05), read from that interval:
+  "faster" when it lies below 1, "slower" when above 1; "same" when it holds 1 and lies
+  within [1/(1+t), 1+t]; "inconclusive" when it holds 1 but reaches past either, or a run
+  has fewer than MIN_SAMPLES samples (a bootstrap median of 1 to 4 samples is far too narrow);
+- "regression" replaces "slower" when the ratio also exceeds 1 + t: beyond doubt, beyond
+  drift, and by more than the threshold. The CLI exits 1 on it.
+An inconclusive metric says what would decide it: runs a side (runs_needed; MIN_RUNS when a
+side has one run, since the drift must be measured first), or iterations a run
+(iterations_needed) when the runs are too short. The verdict words are the same in the
+table, the markdown, the JSON and the report (verdict_label).
+
+Why 0.40: six replays of one configuration run back to back on a 2-core machine shared with
+other jobs (tests/data/compare-drift) had run medians up to 1.31x apart (prefill 7587 us
+to 9924 us), each run's own interval a few percent wide; a field NCCL regression had runs
+with a CV of 26.5%. A doubled time still clears it (2 / 1.31 = 1.53 > 1.4).
 """
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from microbench.analysis.hierarchy import RESAMPLES, between_run_cv, hierarchical_ratio
+from microbench.analysis.sameness import mismatch, run_metrics, same_run
+from microbench.analysis.spread import shape_flags
 from microbench.argtypes import UsageError
-from microbench.results.runs import RunFolder, replay_samples, sweep_key_name, sweep_samples
-from patterns import EngineOptions
+from microbench.results.runs import RunFolder
 
-RESAMPLES = 2000
-SEED = 0
-LEVEL = 0.95
+__all__ = ["RESAMPLES", "Comparison", "compare_groups", "compare_runs", "compare_samples",
+           "iterations_needed", "mismatch", "verdict", "verdict_label"]
+
+THRESHOLD = 0.05
+DRIFT = 0.40
 MIN_SAMPLES = 5
+MIN_RUNS = 3
+VERDICTS = ("faster", "same", "slower", "regression", "inconclusive")
 
 
 @dataclass(frozen=True)
 class Comparison:
-    run: str  # the compared run's folder
+    run: str  # side B: its run folder, or its folders joined by ", "
     metric: str
     a_median_us: float
     b_median_us: float
     ratio: float
-    ci_low: float
+    ci_low: float  # the interval the verdict read (widened by the drift with one run a side)
     ci_high: float
-    verdict: str
+    verdict: str  # one of VERDICTS
     regression: bool
     predicted_us: float | None = None
-    # For an inconclusive verdict: timed iterations per run that would likely decide it
-    # (None when more iterations cannot, e.g. a ratio of exactly 1 at threshold 0).
-    iterations_needed: int | None = None
-    samples: int = 0  # the fewer of the two runs' samples
+    iterations_needed: int | None = None  # an inconclusive metric: iterations a run
+    runs_needed: int | None = None  # an inconclusive metric: runs a side
+    samples: int = 0  # the fewest samples of any run
+    runs_a: int = 1
+    runs_b: int = 1
+    drift_allowed: float | None = None  # D when a side had one run (between-run unknown)
+    between_run_cv_a: float | None = None  # CV of the runs' medians; None from one run
+    between_run_cv_b: float | None = None
+    flags: list[str] = field(default_factory=list)  # bimodal / high CV, per side
 
     def as_dict(self) -> dict[str, Any]:
         return {k: (round(v, 6) if isinstance(v, float) else v)
                 for k, v in self.__dict__.items()}
 
 
-def bootstrap_ratio(a: np.ndarray, b: np.ndarray, resamples: int = RESAMPLES,
-                    seed: int = SEED) -> tuple[float, float, float]:
-    """(median(b)/median(a), low, high) with the percentile bootstrap interval at LEVEL."""
-    rng = np.random.default_rng(seed)
-    a_star = np.median(a[rng.integers(0, a.size, (resamples, a.size))], axis=1)
-    b_star = np.median(b[rng.integers(0, b.size, (resamples, b.size))], axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratios = b_star / a_star
-        ratio = float(np.median(b) / np.median(a))
-    tail = (1 - LEVEL) / 2 * 100
-    low, high = np.percentile(ratios, [tail, 100 - tail])
-    return ratio, float(low), float(high)
-
-
-def verdict(low: float, high: float, threshold: float = 0.05) -> str:
+def verdict(low: float, high: float, threshold: float = THRESHOLD) -> str:
     if high < 1:
         return "faster"
     if low > 1:
@@ -82,16 +84,31 @@ def verdict(low: float, high: float, threshold: float = 0.05) -> str:
     return "inconclusive"
 
 
+def verdict_label(c: Comparison | dict[str, Any]) -> str:
+    """The verdict as every output prints it: the word, and for an inconclusive metric what
+    would decide it ("inconclusive: 3 runs a side", "inconclusive: -n 51")."""
+    get = c.get if isinstance(c, dict) else c.__dict__.get
+    word = str(get("verdict"))
+    if word != "inconclusive":
+        return word
+    if get("iterations_needed"):
+        return f"inconclusive: -n {get('iterations_needed')}"
+    if get("runs_needed"):
+        return f"inconclusive: {get('runs_needed')} runs a side"
+    return "inconclusive"
+
+
 def iterations_needed(ratio: float, low: float, high: float, threshold: float,
                       samples: int) -> int | None:
-    """Iterations per run after which the interval would likely be decisive.
+    """Samples (iterations of a run, or runs of a side) after which the interval would
+    likely be decisive.
 
     The interval's half-widths shrink about as 1/sqrt(n) (the standard error of a median
     does), so scaling both sides by k about the ratio needs n / k^2 samples. Worked in
     log(ratio), where the interval of a ratio is about symmetric. Decisive is the first of:
     the interval clear of 1 (faster or slower), or inside [1/(1+t), 1+t] (same); the largest
-    k that reaches one of them gives the fewest iterations. Assumes the ratio and the
-    spread stay what they are: an estimate to plan the rerun with, rounded up.
+    k that reaches one of them gives the fewest samples. Assumes the ratio and the spread
+    stay what they are: an estimate to plan the rerun with, rounded up.
     """
     if not (0 < low <= ratio <= high < math.inf):  # a zero median among the resamples
         return None
@@ -112,99 +129,108 @@ def iterations_needed(ratio: float, low: float, high: float, threshold: float,
     return max(samples + 1, MIN_SAMPLES, math.ceil(samples / (0.95 * k) ** 2))
 
 
+def compare_sides(label: str, metric: str, a_runs: list[np.ndarray],
+                  b_runs: list[np.ndarray], threshold: float = THRESHOLD,
+                  drift: float = DRIFT) -> Comparison:
+    """One metric, the runs of A against the runs of B (each a 1-d array of samples)."""
+    for name, runs in (("A", a_runs), ("B", b_runs)):
+        for x in runs:
+            # tables.py refuses such files; this keeps a nan from ever reading "same".
+            if x.size == 0 or not np.all(np.isfinite(x)) or np.median(x) <= 0:
+                raise UsageError(f"{metric} of side {name}: no positive finite samples to "
+                                 "compare")
+    ratio, low, high = hierarchical_ratio(a_runs, b_runs)
+    runs = min(len(a_runs), len(b_runs))
+    allowed = drift if runs == 1 else None
+    if allowed is not None:
+        low, high = low / (1 + allowed), high * (1 + allowed)
+    samples = min(x.size for x in [*a_runs, *b_runs])
+    word = verdict(low, high, threshold)
+    if samples < MIN_SAMPLES:
+        word = "inconclusive"
+    iters = runs_more = None
+    if word == "inconclusive":
+        if samples < MIN_SAMPLES:
+            iters = iterations_needed(ratio, low, high, threshold, samples)
+        elif runs == 1:
+            runs_more = MIN_RUNS
+        else:
+            runs_more = iterations_needed(ratio, low, high, threshold, runs)
+    regression = word == "slower" and ratio > 1 + threshold
+    flags = [*shape_flags("A", np.concatenate(a_runs)), *shape_flags("B", np.concatenate(b_runs))]
+    return Comparison(label, metric, float(np.median(np.concatenate(a_runs))),
+                      float(np.median(np.concatenate(b_runs))), ratio, low, high,
+                      "regression" if regression else word, regression,
+                      iterations_needed=iters, runs_needed=runs_more, samples=samples,
+                      runs_a=len(a_runs), runs_b=len(b_runs), drift_allowed=allowed,
+                      between_run_cv_a=between_run_cv(a_runs),
+                      between_run_cv_b=between_run_cv(b_runs), flags=flags)
+
+
 def compare_samples(run: str, metric: str, a: np.ndarray, b: np.ndarray,
-                    threshold: float) -> Comparison:
-    for name, x in (("baseline", a), (run, b)):
-        # tables.py refuses such files; this keeps a nan from ever reading "same".
-        if x.size == 0 or not np.all(np.isfinite(x)) or np.median(x) <= 0:
-            raise UsageError(f"{metric} of {name}: no positive finite samples to compare")
-    ratio, low, high = bootstrap_ratio(a, b)
-    samples = min(a.size, b.size)
-    v = verdict(low, high, threshold)
-    if samples < MIN_SAMPLES and v != "inconclusive":
-        v = "inconclusive"
-    needed = (iterations_needed(ratio, low, high, threshold, samples)
-              if v == "inconclusive" else None)
-    return Comparison(run, metric, float(np.median(a)), float(np.median(b)), ratio, low, high,
-                      v, v == "slower" and ratio > 1 + threshold, iterations_needed=needed,
-                      samples=samples)
+                    threshold: float = THRESHOLD, drift: float = DRIFT) -> Comparison:
+    """One run against one."""
+    return compare_sides(run, metric, [a], [b], threshold, drift)
 
 
-def _first_difference(a: Any, b: Any, where: str) -> str | None:
-    if isinstance(a, dict) and isinstance(b, dict):
-        for key in list(dict.fromkeys([*a, *b])):
-            found = _first_difference(a.get(key), b.get(key), f"{where}.{key}")
-            if found:
-                return found
-        return None
-    return None if a == b else f"{where} differs: {a} in A, {b} in B"
-
-
-def mismatch(a: RunFolder, b: RunFolder) -> str | None:
-    """Why two runs did not measure the same thing, or None when they did."""
-    if a.kind != b.kind:
-        return f"kind differs: {a.kind} in A, {b.kind} in B"
-    if a.kind == "replay":
-        for field in ("model", "layout", "workload", "engine"):
-            found = _first_difference(_identity(field, a.meta["pattern"].get(field)),
-                                      _identity(field, b.meta["pattern"].get(field)), field)
-            if found:
-                return found
-        return None
-    keys_a, keys_b = set(sweep_samples(a)), set(sweep_samples(b))
-    for index, field in enumerate(("op", "size_bytes", "dtype", "group_size")):
-        va, vb = sorted({k[index] for k in keys_a}), sorted({k[index] for k in keys_b})
-        if va != vb:
-            return f"{field} differs: {_few(va)} in A, {_few(vb)} in B"
-    if keys_a != keys_b:
-        only = sorted(keys_a ^ keys_b)[0]
-        return f"(op, size) sets differ: {sweep_key_name(only)} is in one run only"
-    return None
-
-
-def _identity(field: str, section: Any) -> Any:
-    # Runs made before an engine option existed recorded no value for it: they ran with its
-    # default (e.g. gpu, nccl_only, added with the engines of issue 10).
-    if field == "engine" and isinstance(section, dict):
-        section = {**asdict(EngineOptions()), **section}
-    # A model's `source` is where its config was read from, not what it is.
-    if isinstance(section, dict):
-        return {k: v for k, v in section.items() if k != "source"}
-    return section
-
-
-def _few(values: list[Any]) -> str:
-    text = ",".join(map(str, values[:6]))
-    return text + (f",... ({len(values)} values)" if len(values) > 6 else "")
-
-
-def run_metrics(run: RunFolder) -> dict[str, np.ndarray]:
-    if run.kind == "replay":
-        return replay_samples(run)
-    return {sweep_key_name(k): v for k, v in sweep_samples(run).items()}
-
-
-def compare_runs(runs: list[RunFolder], threshold: float,
-                 predicted: dict[str, float] | None = None) -> list[Comparison]:
-    """Every run against the first; refuses (UsageError) runs that measured different things."""
-    if len(runs) < 2:
-        raise UsageError("compare needs at least two runs: the baseline first")
+def _check(threshold: float, drift: float) -> None:
     if threshold < 0:
         raise UsageError(f"--threshold {threshold} must be zero or more (0.05 = 5%)")
-    base = runs[0]
-    for other in runs[1:]:
-        why = mismatch(base, other)
+    if drift < 0:
+        raise UsageError(f"--drift {drift} must be zero or more (0.40 = runs may drift 40%)")
+
+
+def check_sides(a_runs: list[RunFolder], b_runs: list[RunFolder]) -> None:
+    """Refuses (UsageError) a run given twice, one run on both sides, runs that measured
+    different things."""
+    if not a_runs or not b_runs:
+        raise UsageError("compare needs runs on both sides: -A RUN... -B RUN...")
+    every = [("A", r) for r in a_runs] + [("B", r) for r in b_runs]
+    for i, (side_i, x) in enumerate(every):
+        for side_j, y in every[i + 1:]:
+            how = same_run(x, y)
+            if how:
+                where = f"on side {side_i}" if side_i == side_j else "on both sides"
+                raise UsageError(f"{x.path} and {y.path} are {how}, {where}: a run against "
+                                 "itself always reads 1.000; compare other runs of one build "
+                                 "to see its drift, or runs of two builds")
+    base = a_runs[0]
+    for other in every[1:]:
+        why = mismatch(base, other[1])
         if why:
-            raise UsageError(f"{other.path} did not measure what {base.path} did: {why}")
-    base_metrics = run_metrics(base)
+            raise UsageError(f"{other[1].path} did not measure what {base.path} did: {why}")
+
+
+def compare_groups(a_runs: list[RunFolder], b_runs: list[RunFolder],
+                   threshold: float = THRESHOLD, drift: float = DRIFT,
+                   predicted: dict[str, float] | None = None) -> list[Comparison]:
+    """Every metric the runs share, side A against side B."""
+    _check(threshold, drift)
+    check_sides(a_runs, b_runs)
+    a_metrics = [run_metrics(r) for r in a_runs]
+    b_metrics = [run_metrics(r) for r in b_runs]
+    label = ", ".join(str(r.path) for r in b_runs)
     out = []
-    for other in runs[1:]:
-        metrics = run_metrics(other)
-        for name, a in base_metrics.items():
-            if name not in metrics:  # per-op metrics exist only with --timing op in both
-                continue
-            c = compare_samples(str(other.path), name, a, metrics[name], threshold)
-            if predicted and name in predicted:
-                c = Comparison(**{**c.__dict__, "predicted_us": predicted[name]})
-            out.append(c)
+    for name in a_metrics[0]:
+        # per-op metrics exist only with --timing op in every run
+        if not all(name in m for m in [*a_metrics, *b_metrics]):
+            continue
+        c = compare_sides(label, name, [m[name] for m in a_metrics],
+                          [m[name] for m in b_metrics], threshold, drift)
+        if predicted and name in predicted:
+            c = Comparison(**{**c.__dict__, "predicted_us": predicted[name]})
+        out.append(c)
     return out
+
+
+def compare_runs(runs: list[RunFolder], threshold: float = THRESHOLD,
+                 predicted: dict[str, float] | None = None,
+                 drift: float = DRIFT) -> list[Comparison]:
+    """Every run against the first, one run a side."""
+    if len(runs) < 2:
+        raise UsageError("compare needs at least two runs: the baseline first")
+    _check(threshold, drift)
+    for other in runs[1:]:
+        check_sides([runs[0]], [other])
+    return [c for other in runs[1:]
+            for c in compare_groups([runs[0]], [other], threshold, drift, predicted)]

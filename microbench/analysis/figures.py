@@ -177,7 +177,8 @@ def ratios(rows: Rows) -> "Figure":
     fig = _figure(8, max(2.5, 0.3 * len(rows) + 1.2))
     ax = fig.subplots()
     y = np.arange(len(rows))[::-1]
-    colours = {"faster": "C2", "slower": "C3", "same": "C7", "inconclusive": "C1"}
+    colours = {"faster": "C2", "slower": "C3", "regression": "C3", "same": "C7",
+               "inconclusive": "C1"}
     for yi, r in zip(y, rows, strict=True):
         ax.errorbar(r["ratio"], yi, xerr=[[r["ratio"] - r["ci_low"]], [r["ci_high"] - r["ratio"]]],
                     fmt="o", capsize=3, color=colours.get(r["verdict"], "C0"))

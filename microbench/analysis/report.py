@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from microbench.analysis import figures
-from microbench.analysis.compare import compare_runs, mismatch
+from microbench.analysis.compare import compare_runs, mismatch, verdict_label
 from microbench.argtypes import UsageError
 from microbench.results.runs import RunFolder, replay_samples, run_pattern, sweep_table
 from microbench.views.textfmt import format_us
@@ -271,8 +271,9 @@ def build(paths: list[RunFolder], sweep: RunFolder | None, threshold: float,
         tables["comparisons"] = comparisons
         entries.append(Entry("ratios", "Run vs baseline", figures.ratios(comparisons),
                              "Ratio of medians with its 95% bootstrap interval; green faster, "
-                             "red slower, grey same within the threshold, orange "
-                             "inconclusive (more iterations needed)."))
+                             "red slower or regression, grey same within the threshold, "
+                             "orange inconclusive (more runs or iterations needed); one run a "
+                             "side: widened by the drift allowed (docs/compare.md)."))
     predicted = predicted_rows(replays, sweep, notes) if sweep is not None else []
     if predicted and sweep is not None:
         tables["predicted"] = predicted
@@ -340,8 +341,7 @@ def render_html(entries: list[Entry], tables: dict[str, Any]) -> str:
         parts.append(_table(["metric", "baseline", "run", "ratio", "95% CI", "verdict"],
                             [[c["label"], _us(c["a_median_us"]), _us(c["b_median_us"]),
                               f"{c['ratio']:.3f}", f"[{c['ci_low']:.3f}, {c['ci_high']:.3f}]",
-                              c["verdict"] + (f" (-n {c['iterations_needed']})"
-                                              if c.get("iterations_needed") else "")]
+                              verdict_label(c)]
                              for c in tables["comparisons"]]))
     if "predicted" in tables:
         parts.append("<h2>Predicted vs measured</h2>")

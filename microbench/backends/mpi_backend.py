@@ -16,6 +16,7 @@ from microbench.ranks.dist import DistEnv
 mpi4py.rc.threads = False  # one thread issues every call; no MPI_THREAD_MULTIPLE locking
 from mpi4py import MPI  # noqa: E402
 
+from microbench.backends import mpi_transport  # noqa: E402
 from microbench.backends.mpi_reduce import MpiTypes  # noqa: E402
 
 
@@ -51,6 +52,8 @@ class MpiBackend:
                 f"the launcher started {env.world_size} ranks ({env.launcher} variables) but "
                 f"MPI sees a world of {self.world_size}; {_srun_mpi_hint()}")
         self.types = MpiTypes()
+        # collective, so here on every rank; versions() runs on rank 0 only
+        self.node_ranks = mpi_transport.node_ranks(self.comm)
         self._groups_made = 0  # a distinct tag per Create_group call
         self.device = device
         self.cuda_aware = cuda_aware()
@@ -160,6 +163,7 @@ class MpiBackend:
                                 "mpi_standard": "{}.{}".format(*MPI.Get_version()),
                                 "numpy": np.__version__, "cuda_aware": self.cuda_aware,
                                 "float16_reductions": self.types.reductions()}
+        info.update(mpi_transport.transport_facts(MPI.Get_library_version(), self.node_ranks))
         if self.device == "cuda" and not self.staging:
             info["staged_reductions"] = [d for d in ("bf16", "fp16")
                                          if self.staged_reduction("allreduce", d)]
