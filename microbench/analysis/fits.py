@@ -171,6 +171,37 @@ def point_time(row: dict[str, Any]) -> float:
     return float(run)
 
 
+# A sweep's per-call median (time_us) and its per-call time within runs of calls back to
+# back (time_run_us) measure the same call; pipelining or a wait may part them by up to ~2x.
+# Beyond this factor, either way, one of them caught something else (a descheduled rank, a
+# stall): a fit on it prices noise. Seen: 4 KiB all-reduce at 10 us per call, 2808 us back to
+# back, and a decode step predicted 192x too slow.
+UNSTABLE_FACTOR = 4.0
+
+
+def unstable_sizes(rows: list[dict[str, Any]]) -> list[str]:
+    """One warning per sweep.csv row whose time_us and time_run_us disagree beyond
+    UNSTABLE_FACTOR, naming the op, size and group size."""
+    out = []
+    for r in rows:
+        run, call = r.get("time_run_us"), r.get("time_us")
+        if run is None or call is None or run == "" or not (float(run) > 0 < float(call)):
+            continue
+        factor = max(float(run) / float(call), float(call) / float(run))
+        if factor > UNSTABLE_FACTOR:
+            out.append(f"unstable sweep: {r['op']} {_size(int(r['size_bytes']))} over "
+                       f"{r['group_size']} ranks took {float(call):.4g} us per call but "
+                       f"{float(run):.4g} us back to back ({factor:.0f}x, beyond "
+                       f"{UNSTABLE_FACTOR:g}x): rerun the sweep; fits of it are unreliable")
+    return out
+
+
+def _size(n: int) -> str:
+    from microbench.views.textfmt import format_bytes
+
+    return format_bytes(n)
+
+
 FitTable = dict[tuple[str, int], Fit]
 LEVELS = ("intra", "inter")
 # An average relative error above this makes a fit untrustworthy; `predict` says so.

@@ -138,10 +138,11 @@ def _pattern_or_note(label: str, run: RunFolder, notes: list[str]) -> Pattern | 
 
 def predicted_rows(runs: list[tuple[str, RunFolder]], sweep: RunFolder,
                    notes: list[str]) -> list[dict[str, Any]]:
-    from microbench.analysis.fits import fit_sweep
+    from microbench.analysis.fits import fit_sweep, unstable_sizes
     from microbench.analysis.predict import caveats, predict_pattern
 
     fits = fit_sweep(sweep_table(sweep))
+    notes += [f"sweep {sweep.name}: {u}" for u in unstable_sizes(sweep_table(sweep))]
     rows = []
     for label, run in runs:
         if run.kind != "replay":

@@ -135,7 +135,7 @@ def csv_rows(priced: list[Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from microbench.analysis.fits import topology_from
+    from microbench.analysis.fits import topology_from, unstable_sizes
     from microbench.analysis.layouts import Budget, plan
     from microbench.cli.predict import load_sweep
     from microbench.results.runs import sweep_table
@@ -171,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
     priced, refused = plan(model, args.gpus, make_pattern, topology, budget,
                            None if memory is None else int(memory * share * (1 << 30)))
     notes = sorted({n for p in priced for n in p.notes})
+    notes += unstable_sizes(sweep_table(sweep))  # analysis/fits.py: UNSTABLE_FACTOR
     if memory is None:
         notes.append("memory is not checked: a layout whose weights and KV cache do not fit "
                      "a GPU is listed too (--gpu-memory GIB leaves those out; memory/GPU "

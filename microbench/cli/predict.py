@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from microbench.analysis.fits import LARGE_RMS, Fit, Topology, topology_from
+from microbench.analysis.fits import LARGE_RMS, Fit, Topology, topology_from, unstable_sizes
 from microbench.analysis.predict import caveats, predict_pattern
 from microbench.argtypes import UsageError, positive_int
 from microbench.cli.pattern_args import add_pattern_arguments, pattern_from_args
@@ -118,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
                              args.ranks_per_node)
     predicted, notes = predict_pattern(pattern, topology)
     warnings = caveats(sweep.meta, pattern, replay.meta if replay is not None else None)
+    warnings += unstable_sizes(sweep_table(sweep))  # analysis/fits.py: UNSTABLE_FACTOR
     for w in warnings:
         sys.stderr.write(f"infercomm predict: warning: {w}\n")
     dropped = [f"{f.op} over {f.group_size} ranks: left out {format_bytes(d)} (more than "
