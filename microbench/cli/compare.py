@@ -234,8 +234,8 @@ def render(args: argparse.Namespace, legend: list[str], results: list[Comparison
             f"CV of the runs' medians")
     diff_lines = []
     for letter, found in diffs.items():
-        diff_lines.append(f"what differs, A -> {letter}: " + ("nothing recorded" if not found
-                                                              else ""))
+        diff_lines.append(f"what differs, A -> {letter}:" + ("" if found
+                                                             else " nothing recorded"))
         diff_lines += [f"  {d['what']}: {d['a']} -> {d['b']}" for d in found]
     if args.format == "markdown":
         parts = ["### infercomm compare", "", *[f"- {line}" for line in legend], "",
