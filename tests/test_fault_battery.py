@@ -168,3 +168,25 @@ def test_compare_output_on_a_read_only_disk_is_one_line(cli, read_only):
                          str(read_only / "cmp.md"))
     assert status == 2 and "Traceback" not in err, err
     assert err.strip().endswith("(Read-only file system); pass a writable place"), err
+
+
+def test_a_sweep_size_beyond_memory_is_refused_before_any_rank(capsys, tmp_path):
+    # Item 15: `sweep --sizes 64G` started ranks that died of MemoryError. An all-reduce of
+    # 64 GiB holds its input and output: 128 GiB a rank, 256 GiB for the 2 default ranks.
+    status = main(["sweep", "--sizes", "64G", "--device", "cpu", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert status == 2 and "Traceback" not in err, err
+    assert "largest case (allreduce of 64.00 GiB) needs about 256.00 GiB" in err
+    assert "128.00 GiB each" in err and not (tmp_path / "o").exists()
+
+
+@needs_mpi
+def test_mpis_other_error_says_what_it_usually_is(capsys):
+    # Item 15: a buffer MPICH could not map (ulimit -v) was reported as "Other MPI error".
+    from mpi4py import MPI
+
+    from microbench.ranks.failures import report_rank_failure
+    assert report_rank_failure("replay", 1, MPI.Exception(MPI.ERR_OTHER)) == 1
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("infercomm replay: error: rank 1: Exception: Other MPI error (MPI "
+                           "could not allocate or map a buffer")

@@ -160,6 +160,16 @@ def cases_for(args: argparse.Namespace, pattern: Pattern | None,
     return cases, skipped
 
 
+def _check_memory(args: argparse.Namespace, cases: list[Case], ranks_here: int) -> None:
+    """Host buffers of the largest case on every rank of this host, before any rank starts."""
+    from microbench.cli.run_args import buffers_on_cpu
+    from microbench.replay.footprint import available_host_bytes
+    from microbench.sweep.footprint import check_sweep_fits
+
+    if buffers_on_cpu(args.device, args.backend):
+        check_sweep_fits(cases, ranks_here, available_host_bytes())
+
+
 def check_backend(args: argparse.Namespace) -> None:
     """replay's backend refusals (nccl without CuPy or on CPUs, ...); a sweep issues every
     call eagerly and times each one, so it asks for no CUDA graph."""
@@ -179,11 +189,13 @@ def run(args: argparse.Namespace) -> int:
         default = max([2] + [c.group_size for c in pattern_cases(pattern)]
                       if pattern is not None else [2])
         nproc = args.nproc or default
-        cases_for(args, pattern, nproc)
+        _check_memory(args, cases_for(args, pattern, nproc)[0], nproc)
         check_out_dir(args.out)
         return launch.spawn_local(nproc, args.backend, strip_nproc(args.argv))
     cases, skipped = cases_for(args, pattern, env.world_size)
     check_out_for_rank(args.out, env.rank)
+    from microbench.replay.footprint import ranks_on_this_host
+    _check_memory(args, cases, ranks_on_this_host())
     args.launcher = env.launcher
     return run_rank(cases, skipped, pattern, env, args)
 

@@ -12,5 +12,20 @@ def report_rank_failure(command: str, rank: int, err: BaseException) -> int:
     text = str(err).strip()
     first_line = text.splitlines()[0][:300] if text else ""
     sys.stderr.write(f"infercomm {command}: error: rank {rank}: {type(err).__name__}: "
-                     f"{first_line}\n")
+                     f"{first_line}{_hint(err)}\n")
     return 1
+
+
+def _hint(err: BaseException) -> str:
+    """What MPI's terse classes usually mean here: MPICH reports a buffer it could not map or
+    register (ulimit -v, a full /dev/shm) as "Other MPI error"."""
+    if type(err).__module__.startswith("mpi4py") and (
+            "Other MPI error" in str(err) or "out of memory" in str(err).lower()):
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        limit = ("" if soft == resource.RLIM_INFINITY
+                 else f"; this process may map at most {soft / (1 << 30):.1f} GiB (ulimit -v)")
+        return (" (MPI could not allocate or map a buffer: host memory, /dev/shm or the "
+                f"address-space limit{limit})")
+    return ""

@@ -5,6 +5,7 @@ the ranks have started (or swap the machine to a halt): say so up front, with th
 """
 
 import os
+import resource
 from pathlib import Path
 
 from microbench.argtypes import UsageError
@@ -34,7 +35,7 @@ def rank_bytes(pattern: Pattern, rank: int, timing: str, iterations: int) -> tup
     return buffer_bytes(pattern, rank), marks * MARK_BYTES + kept * SAMPLE_BYTES * iterations
 
 
-def available_host_bytes() -> int | None:
+def _meminfo_available() -> int | None:
     """MemAvailable of /proc/meminfo (Linux); None where it cannot be read."""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -43,6 +44,28 @@ def available_host_bytes() -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def available_host_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo (Linux), or less when an address-space limit (ulimit -v)
+    leaves this process less room to map; None where neither can be read."""
+    available = _meminfo_available()
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        return available
+    room = max(soft - _mapped_bytes(), 0)
+    return room if available is None else min(available, room)
+
+
+def _mapped_bytes() -> int:
+    """VmSize of this process: what an address-space limit counts."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def check_fits(pattern: Pattern, ranks: list[int], timing: str, iterations: int,
