@@ -253,14 +253,7 @@ def render(args: argparse.Namespace, legend: list[str], results: list[Comparison
 
 
 def write_text(path: Path, text: str, given: str) -> None:
-    """The whole file or nothing: written beside it, then renamed over it."""
-    import os
+    """The whole file or nothing (results/atomic.py)."""
+    from microbench.results.atomic import write_atomic
 
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        raise UsageError(f"-o {given}: cannot write ({err.strerror})") from None
+    write_atomic(path, text, given)
