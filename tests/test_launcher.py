@@ -208,3 +208,19 @@ def test_killing_mpis_process_manager_proxy_ends_every_rank(tmp_path):
         kill_leftovers(marker)
         launcher.kill()
         launcher.communicate()
+
+
+def test_ucx_errors_on_mpiexecs_stdout_go_to_stderr(capfd):
+    # Fault battery item 15: a rank killed during MPI start-up put two UCX ERROR lines on
+    # stdout, after which the last line was no longer the JSON object. The line below has
+    # UCX's log layout (ucs/debug/log.c: "[%lu.%06lu] [%s:%-5d:%d] %16s:%-4u UCX  %-5s %s").
+    import io
+
+    from microbench.ranks.launch import _MpiBanner
+    ucx = (b"[1763942400.123456] [vm:4242 :0]     ucp_worker.c:1863 UCX  ERROR "
+           b"uct_iface_open(posix/memory) failed: Shared memory error\n")
+    stream = io.BytesIO(b"replay table\n" + ucx + b'{"backend":"mpi"}\n')
+    _MpiBanner().forward(stream)
+    out, err = capfd.readouterr()
+    assert out.splitlines() == ["replay table", '{"backend":"mpi"}']
+    assert err == ucx.decode()

@@ -274,6 +274,10 @@ class _MpiBanner:
                "This typically refers to a problem with your application",
                "Please see the FAQ page for debugging suggestions")
 
+    # UCX prints its errors on stdout ("[time] [host:pid:thread] file.c:N UCX  ERROR ..."),
+    # e.g. when a peer dies during MPI start-up.
+    _DIAGNOSTIC = re.compile(r"\bUCX\s+(ERROR|WARN|FATAL)\b")
+
     def __init__(self) -> None:
         self.pid: int | None = None
         self.host = ""
@@ -288,6 +292,10 @@ class _MpiBanner:
             if line.startswith(self._BANNER):
                 self._parse(line)
                 blank = False
+                continue
+            if self._DIAGNOSTIC.search(line):  # a library's complaint belongs on stderr
+                sys.stderr.write(line)
+                sys.stderr.flush()
                 continue
             if blank:
                 out.write(b"\n")
