@@ -213,7 +213,9 @@ def test_killing_mpis_process_manager_proxy_ends_every_rank(tmp_path):
 def test_ucx_errors_on_mpiexecs_stdout_go_to_stderr(capfd):
     # Fault battery item 15: a rank killed during MPI start-up put two UCX ERROR lines on
     # stdout, after which the last line was no longer the JSON object. The line below has
-    # UCX's log layout (ucs/debug/log.c: "[%lu.%06lu] [%s:%-5d:%d] %16s:%-4u UCX  %-5s %s").
+    # UCX's log layout (openucx/ucx src/ucs/debug/log.c: UCS_LOG_TIME_FMT "[%lu.%06lu]",
+    # UCS_LOG_PROC_DATA_FMT "[%s:%-5d:%d]", UCS_LOG_FILE_FMT "%16s:%-4u",
+    # UCS_LOG_METADATA_FMT "%-4s %-5s" with "UCX" and the level name).
     import io
 
     from microbench.ranks.launch import _MpiBanner
