@@ -148,8 +148,8 @@ def test_what_differs_is_named_in_table_markdown_and_json(cli, tmp_path):
 
 
 def test_one_node_slower_than_two_is_suspect(cli, tmp_path):
-    # The backwards interconnect comparison: one node 2x slower than two, the one-node side
-    # with MPICH's OFI netmod forced. Named with the likely cause; exit 3, not a silent 0.
+    # The backwards interconnect comparison: one node 2x slower than two, MPICH with its
+    # default shared-memory all-reduce. Named with the likely cause; exit 3, not a silent 0.
     one = tmp_path / "one"
     two = tmp_path / "two"
     times_doubled(MPI_REPLAY, one)
@@ -167,7 +167,13 @@ def test_one_node_slower_than_two_is_suspect(cli, tmp_path):
     assert len(line["warnings"]) == 1
     warning = line["warnings"][0]
     assert warning.startswith("suspect: A on 1 node(s) is slower than B on 2")
-    assert "MPIR_CVAR_CH4_NETMOD=ofi" in warning and warning in err
+    assert "MPIR_CVAR_ALLREDUCE_POSIX_INTRA_ALGORITHM=mpir" in warning and warning in err
+    # With the recipe set on the one-node side, the cause is no longer that: said generally.
+    meta = json.loads((one / "meta.json").read_text())
+    meta["environment"]["MPIR_CVAR_ALLREDUCE_POSIX_INTRA_ALGORITHM"] = "mpir"
+    (one / "meta.json").write_text(json.dumps(meta))
+    status, out, _ = cli("compare", str(one), str(two))
+    assert status == 3 and "intra-node traffic off shared memory" in last_json(out)["warnings"][0]
 
 
 def test_verdict_words_are_the_same_in_compare_markdown_and_report(cli, tmp_path):

@@ -92,10 +92,11 @@ def likely_cause(runs: list[RunFolder]) -> str:
     if node is not None and ranks is not None and node < ranks:
         return (f"likely cause: MPI counted {node} of {ranks} ranks on the first node, so "
                 "the rest went through the network; check the launcher's process map")
-    netmod = f.get("MPIR_CVAR_CH4_NETMOD", UNSET)
-    if netmod != UNSET:
-        return (f"likely cause: intra-node traffic off shared memory; the side sets "
-                f"MPIR_CVAR_CH4_NETMOD={netmod}: see docs/compare.md for the srun recipe")
+    if "MPICH" in f["MPI library"] and f.get("MPIR_CVAR_ALLREDUCE_POSIX_INTRA_ALGORITHM",
+                                             UNSET) == UNSET:
+        return ("likely cause: MPICH's default shared-memory all-reduce (release_gather), "
+                "slower than its network path on few cores; set "
+                "MPIR_CVAR_ALLREDUCE_POSIX_INTRA_ALGORITHM=mpir (docs/compare.md, Slurm)")
     return ("likely cause: intra-node traffic off shared memory (or the one-node side was "
             "oversubscribed); check each side's meta.json")
 
