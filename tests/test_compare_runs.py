@@ -105,20 +105,26 @@ def test_hierarchical_bootstrap_on_constant_runs():
 
 
 def test_bimodal_and_high_cv_samples_are_named():
-    # Two equal spikes 100 and 200: m2 = 50^2, m3 = 0, m4 = 50^4, b = (0 + 1) / 1 = 1 > 5/9;
-    # CV = 50 / 150 = 33% > 20%.
+    # b = (G1^2 + 1) / (G2 + 3 (n-1)^2 / ((n-2)(n-3))), G1 = g1 sqrt(n(n-1)) / (n-2),
+    # G2 = (n-1) / ((n-2)(n-3)) ((n+1) g2 + 6), g1 = m3 / m2^1.5, g2 = m4 / m2^2 - 3.
+    # Two equal spikes 100 and 200, n = 20: m3 = 0, m4 / m2^2 = 50^4 / 50^4 = 1, g2 = -2;
+    # G2 = 19 / 306 x (21 x -2 + 6) = -2.2353; 3 x 19^2 / 306 = 3.5392; b = 1 / 1.3039 =
+    # 0.7669 > 5/9, the largest gap leaves 10 of 20 on each side; CV = 50 / 150 = 33% > 20%.
     two = np.array([100.0] * 10 + [200.0] * 10)
-    assert bimodality_coefficient(two) == pytest.approx(1.0)
-    assert shape_flags("B", two) == ["B bimodal (b=1.00)", "B CV 33%"]
-    # 1..20 evenly (uniform): b = 1 / (m4 / m2^2); m2 = (20^2 - 1) / 12 = 33.25, m4 =
-    # (20^2 - 1)(3 x 20^2 - 7) / 240 = 399 x 1193 / 240 = 1983.4; m4 / m2^2 = 1.794,
-    # b = 0.5574 > 5/9 = 0.5556 (a uniform sample is the boundary); CV = 5.766 / 10.5 = 55%.
-    assert bimodality_coefficient(np.arange(1.0, 21.0)) == pytest.approx(0.5574, abs=1e-4)
-    # One spike with a little spread: CV 1%, b of 9 at 100 and one 102 = (g1^2 + 1) / (m4/m2^2)
-    # with d = -0.2 (x9), 1.8: m2 = 0.36, m3 = 0.576, m4 = 1.0512; g1^2 = 0.331776 / 0.046656
-    # = 7.111; m4 / m2^2 = 8.111; b = 8.111 / 8.111 = 1.0 - a lone outlier reads as a mode.
+    assert bimodality_coefficient(two) == pytest.approx(0.7669, abs=1e-4)
+    assert shape_flags("B", two) == ["B bimodal (b=0.77)", "B CV 33%"]
+    # 1..20 evenly: m2 = (20^2 - 1) / 12 = 33.25, m4 = 399 x 1193 / 240 = 1983.4, m4 / m2^2
+    # = 1.794, g2 = -1.206; G2 = 19 / 306 x (21 x -1.206 + 6) = -1.2000; b = 1 / (3.5392 -
+    # 1.2000) = 0.4275: one broad mode, not two.
+    assert bimodality_coefficient(np.arange(1.0, 21.0)) == pytest.approx(0.4275, abs=1e-4)
+    assert not any("bimodal" in f for f in shape_flags("A", np.arange(1.0, 21.0)))
+    # Nine at 100 and one at 102: d = -0.2 (x9), 1.8; m2 = 0.36, m3 = 0.576, m4 = 1.0512;
+    # g1 = 0.576 / 0.216 = 2.6667, G1 = 2.6667 x sqrt(90) / 8 = 3.1623 (G1^2 = 10); g2 =
+    # 1.0512 / 0.1296 - 3 = 5.1111, G2 = 9 / 56 x (11 x 5.1111 + 6) = 10.0; b = 11 / (10 +
+    # 3 x 81 / 56) = 11 / 14.339 = 0.7671 > 5/9, but one sample beyond the gap is an outlier.
     one = np.array([100.0] * 9 + [102.0])
-    assert bimodality_coefficient(one) == pytest.approx(1.0)
+    assert bimodality_coefficient(one) == pytest.approx(0.7671, abs=1e-4)
+    assert shape_flags("A", one) == []  # and CV 0.6%
     assert bimodality_coefficient(one[:9]) is None  # fewer than 10 samples
 
 
