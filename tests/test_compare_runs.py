@@ -193,3 +193,18 @@ def test_verdict_words_are_the_same_in_compare_markdown_and_report(cli, tmp_path
         assert {m["label"] for m in last_json(table)["metrics"]} == {words}
         assert f"  {words}  " in table and f"| {words} |" in md
         assert html.read_text().count(f"<td>{words}</td>") == 3  # prefill, decode step, e2e
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["-A", str(RUNS[0])], "-A RUN... and -B RUN... go together"),
+    (["-B", str(RUNS[0])], "-A RUN... and -B RUN... go together"),
+    ([str(RUNS[2]), "-A", str(RUNS[0]), "-B", str(RUNS[1])], "not both"),
+    ([str(RUNS[0]), str(RUNS[1]), "--drift", "-1"], "--drift -1.0 must be zero or more"),
+    ([str(RUNS[0]), str(RUNS[1]), "--drift", "nan"], "--drift nan must be zero or more"),
+    ([str(RUNS[0]), str(RUNS[1]), "--threshold", "inf"], "--threshold inf must be zero"),
+    (["-A", str(RUNS[0]), str(RUNS[0]), "-B", str(RUNS[1])], "the same folder, on side A"),
+])
+def test_bad_sides_are_one_line_exit_2(cli, argv, said):
+    status, out, err = cli("compare", *argv)
+    assert status == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert said in err and "Traceback" not in err

@@ -174,9 +174,9 @@ def compare_samples(run: str, metric: str, a: np.ndarray, b: np.ndarray,
 
 
 def _check(threshold: float, drift: float) -> None:
-    if threshold < 0:
+    if not (math.isfinite(threshold) and threshold >= 0):
         raise UsageError(f"--threshold {threshold} must be zero or more (0.05 = 5%)")
-    if drift < 0:
+    if not (math.isfinite(drift) and drift >= 0):
         raise UsageError(f"--drift {drift} must be zero or more (0.40 = runs may drift 40%)")
 
 
