@@ -96,3 +96,35 @@ def test_interconnect_orders_one_node_before_two(slurm_cluster, tmp_path, capsys
         print(f"\ninterconnect.sbatch: end to end one node {e2e['a_median_us']:.0f} us, two "
               f"nodes {e2e['b_median_us']:.0f} us (x{e2e['ratio']:.2f}, {e2e['label']})")
     assert e2e["ratio"] > 1, output  # two nodes are the slower side
+
+
+def test_compare_libraries_interleaves_two_environments(slurm_cluster, tmp_path):  # noqa: F811
+    # Two "installations" as environment scripts of one MPI: MPICH's intra-node all-reduce
+    # algorithm recursive_doubling (A) and ring (B).
+    cvar = "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM"
+    for side, value in (("a", "recursive_doubling"), ("b", "ring")):
+        (tmp_path / f"env-{side}.sh").write_text(f"export {cvar}={value}\n")
+    exports = {"INFERCOMM": f"{sys.executable} -m microbench", "MODEL": "llama-3.2-1b",
+               "TP": "2", "PP": "1", "PROMPT": "8", "DECODE": "4", "BACKEND": "mpi",
+               "ITERS": "5", "WARMUP": "1", "RUNS": "2", "OUT": str(tmp_path / "res"),
+               "ENV_A": str(tmp_path / "env-a.sh"), "ENV_B": str(tmp_path / "env-b.sh"),
+               "PYTHONPATH": str(REPO)}
+    export_arg = "ALL," + ",".join(f"{k}={v}" for k, v in exports.items())
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", "-N", "1", "--ntasks-per-node", "2", f"--export={export_arg}",
+         f"--chdir={tmp_path}", str(REPO / "slurm" / "compare-libraries.sbatch")],
+        env=slurm_cluster, capture_output=True, text=True, timeout=30, check=True)
+    job = submitted.stdout.strip().split(";")[0]
+    exit_code, _ = wait_for_job(job, slurm_cluster, timeout=280)
+    output = (tmp_path / f"infercomm-compare-libraries-{job}.out").read_text()
+    assert exit_code in ("0:0", "1:0", "3:0"), output
+    line = json.loads([ln for ln in output.splitlines() if ln.startswith('{"baseline"')][-1])
+    labels = [Path(p).name.split("Z-", 1)[1] for p in [*line["sides"]["A"],
+                                                        *line["sides"]["B"]]]
+    assert labels == ["a-1", "a-2", "b-1", "b-2"]
+    created = [json.loads((Path(p) / "meta.json").read_text())["created_utc"]
+               for pair in zip(line["sides"]["A"], line["sides"]["B"], strict=True)
+               for p in pair]
+    assert created == sorted(created)  # a-1, b-1, a-2, b-2: taken in turn
+    assert line["differences"] == {"B": [{"what": cvar, "a": "recursive_doubling",
+                                          "b": "ring"}]}
