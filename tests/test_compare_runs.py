@@ -208,3 +208,25 @@ def test_bad_sides_are_one_line_exit_2(cli, argv, said):
     status, out, err = cli("compare", *argv)
     assert status == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert said in err and "Traceback" not in err
+
+
+def test_sweeps_two_runs_a_side(cli, tmp_path):
+    # The committed MPI sweep and a copy with every time x 1.02 on side A (two runs of the
+    # baseline), copies x 2 and x 2.04 on side B: ratio about 2 for every (op, size); each
+    # regresses but where the samples spread so widely (CV over 20%, named) that 10 of them
+    # cannot decide (the 8 B and 32 B all-gathers of this sweep, CV 50% and 43%).
+    from tests.test_compare import slowed_copy
+
+    sweep = next(SAMPLES.glob("*-sweep-mpi-mpi-host-w2"))
+    a2 = slowed_copy(sweep, tmp_path / "a2", 1.02, ("samples.csv",))
+    b1 = slowed_copy(sweep, tmp_path / "b1", 2.0, ("samples.csv",))
+    b2 = slowed_copy(sweep, tmp_path / "b2", 2.04, ("samples.csv",))
+    status, out, err = cli("compare", "-A", str(sweep), str(a2), "-B", str(b1), str(b2))
+    assert status == 1, err
+    line = last_json(out)
+    assert len(line["metrics"]) == 40  # 4 ops x 10 sizes
+    for m in line["metrics"]:
+        assert 1.9 < m["ratio"] < 2.1 and (m["runs_a"], m["runs_b"]) == (2, 2)
+        assert m["regression"] or (m["verdict"] == "inconclusive"
+                                   and any("CV" in f for f in m["flags"]))
+    assert len(line["regressions"]) >= 38

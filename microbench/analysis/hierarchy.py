@@ -20,6 +20,7 @@ import numpy as np
 RESAMPLES = 2000
 SEED = 0
 LEVEL = 0.95
+CHUNK_VALUES = 4_000_000
 
 
 def pooled_median(runs: list[np.ndarray]) -> float:
@@ -34,13 +35,20 @@ def _resampled_medians(runs: list[np.ndarray], rng: np.random.Generator,
     padded = np.full((k, width), np.nan)
     for i, r in enumerate(runs):
         padded[i, :r.size] = r
-    picks = rng.integers(0, k, (resamples, k))  # level 1: runs
-    lengths = sizes[picks]  # (resamples, k)
-    # level 2: iterations of each drawn run, as many as it has; the padding beyond stays NaN
-    index = (rng.random((resamples, k, width)) * lengths[..., None]).astype(np.int64)
-    drawn = padded[picks[..., None], index]
-    drawn[np.arange(width)[None, None, :] >= lengths[..., None]] = np.nan
-    return np.nanmedian(drawn.reshape(resamples, k * width), axis=1)
+    # Resamples in chunks of at most CHUNK_VALUES drawn values: 3 runs of 10,000 iterations
+    # would otherwise draw 60 million at once.
+    chunk = max(1, CHUNK_VALUES // (k * width))
+    out = np.empty(resamples)
+    for start in range(0, resamples, chunk):
+        n = min(chunk, resamples - start)
+        picks = rng.integers(0, k, (n, k))  # level 1: runs
+        lengths = sizes[picks]  # (n, k)
+        # level 2: iterations of each drawn run, as many as it has; padding beyond stays NaN
+        index = (rng.random((n, k, width)) * lengths[..., None]).astype(np.int64)
+        drawn = padded[picks[..., None], index]
+        drawn[np.arange(width)[None, None, :] >= lengths[..., None]] = np.nan
+        out[start:start + n] = np.nanmedian(drawn.reshape(n, k * width), axis=1)
+    return out
 
 
 def hierarchical_ratio(a_runs: list[np.ndarray], b_runs: list[np.ndarray],
