@@ -230,3 +230,11 @@ def test_sweeps_two_runs_a_side(cli, tmp_path):
         assert m["regression"] or (m["verdict"] == "inconclusive"
                                    and any("CV" in f for f in m["flags"]))
     assert len(line["regressions"]) >= 38
+
+
+def test_report_leaves_out_the_same_run_with_a_note(cli, tmp_path):
+    html = tmp_path / "r.html"
+    status, _, err = cli("report", str(RUNS[0]), str(RUNS[0]), "-o", str(html))
+    assert status == 0, err
+    text = html.read_text()
+    assert "Note: B not compared with A: the same folder" in text and "<td>same</td>" not in text

@@ -15,6 +15,7 @@ import numpy as np
 
 from microbench.analysis import figures
 from microbench.analysis.compare import compare_runs, mismatch, verdict_label
+from microbench.analysis.sameness import same_run
 from microbench.argtypes import UsageError
 from microbench.results.runs import RunFolder, replay_samples, run_pattern, sweep_table
 from microbench.views.textfmt import format_us
@@ -114,7 +115,7 @@ def comparison_rows(runs: list[tuple[str, RunFolder]], threshold: float,
             continue
         kept = [mine[0]]
         for label, run in mine[1:]:
-            why = mismatch(mine[0][1], run)
+            why = mismatch(mine[0][1], run) or same_run(mine[0][1], run)
             if why:
                 notes.append(f"{label} not compared with {mine[0][0]}: {why}")
             else:
