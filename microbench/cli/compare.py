@@ -181,7 +181,8 @@ def run(args: argparse.Namespace) -> int:
     regressions = [c for c in results if c.regression]
     inconclusive = [c for c in results if c.verdict == "inconclusive"]
     last: dict[str, Any] = {
-        "baseline": [str(r.path) for r in pairs[0][0]],
+        "baseline": str(pairs[0][0][0].path),  # as before runs a side: the first of A
+        "runs": [str(r.path) for r in [*pairs[0][0], *(r for _, b in pairs for r in b)]],
         "sides": {"A": [str(r.path) for r in pairs[0][0]],
                   **{names[", ".join(str(r.path) for r in b)]: [str(r.path) for r in b]
                      for _, b in pairs}},
