@@ -188,7 +188,11 @@ def test_one_decode_step_figure_from_replay_to_compare_report_predict(cli, tmp_p
     assert frame["decode_step_mean_us"].tolist() == pytest.approx(
         (frame["decode_us"] / 7).tolist(), abs=1e-3)
     # 3 samples a run cannot decide anything (exit 3); the medians are what is checked here.
-    status, out, err = cli("compare", str(run), str(run), "--inconclusive-ok")
+    # compare refuses a run against itself, so B is a copy with its times doubled.
+    from tests.test_compare import slowed_copy
+
+    other = slowed_copy(run, tmp_path / "doubled", 2.0, ("iterations.csv",))
+    status, out, err = cli("compare", str(run), str(other), "--inconclusive-ok")
     assert status == 0, err
     compared = next(m for m in last_json(out)["metrics"] if m["metric"] == "decode_step_us")
     assert compared["a_median_us"] == pytest.approx(line["decode_step_us"], abs=1e-3)
