@@ -1,6 +1,7 @@
 """The regression gate across runs: six replays of one configuration (tests/data/compare-drift,
 made back to back on this 2-core shared machine by scripts/compare-drift-runs.sh: llama-3.2-1b
-TP2 over MPI, prompt 32, decode 16, -n 20), the same runs with every time doubled, bimodal
+TP2 over MPI, prompt 32, decode 16, -n 20), the same runs with every time doubled (copies made
+here by rewriting each iterations.csv with its times x 2; not new measurements), bimodal
 samples, and what differs between the sides."""
 
 import csv

@@ -6,8 +6,9 @@ whose runs were bimodal with a CV of 26.5% and took 5 runs a setting on 10 nodes
 
 - CV = population standard deviation / mean of one side's pooled samples; high above
   CV_HIGH (0.20).
-- Two modes: Sarle's bimodality coefficient as SAS/STAT computes it from the sample skewness
-  G1 and excess kurtosis G2 (both with their small-sample corrections):
+- Two modes: Sarle's bimodality coefficient as the SAS/STAT User's Guide defines it (the
+  CLUSTER procedure), from the sample skewness G1 and excess kurtosis G2 (both with their
+  small-sample corrections):
   b = (G1^2 + 1) / (G2 + 3 (n-1)^2 / ((n-2)(n-3))); about 1/3 for a normal sample, 5/9 for
   a uniform one, near 1 for two spikes. Above 5/9 (BIMODAL_B), from at least MIN_FOR_MODES
   samples, and only when the largest gap between sorted samples leaves at least
