@@ -181,6 +181,11 @@ def test_one_node_slower_than_two_is_suspect(cli, tmp_path):
     (one / "meta.json").write_text(json.dumps(meta))
     status, out, _ = cli("compare", str(one), str(two))
     assert status == 3 and "intra-node traffic off shared memory" in last_json(out)["warnings"][0]
+    # A one-node side with more ranks than CPUs (replay records it): that is named first.
+    meta.update(host_cpus=2, ranks_on_host=4, oversubscribed=True)
+    (one / "meta.json").write_text(json.dumps(meta))
+    status, out, _ = cli("compare", str(one), str(two))
+    assert status == 3 and "likely cause: 4 ranks on 2 CPUs" in last_json(out)["warnings"][0]
 
 
 def test_verdict_words_are_the_same_in_compare_markdown_and_report(cli, tmp_path):

@@ -92,6 +92,11 @@ def likely_cause(runs: list[RunFolder]) -> str:
     if node is not None and ranks is not None and node < ranks:
         return (f"likely cause: MPI counted {node} of {ranks} ranks on the first node, so "
                 "the rest went through the network; check the launcher's process map")
+    meta = runs[0].meta
+    if meta.get("oversubscribed"):
+        return (f"likely cause: {meta.get('ranks_on_host')} ranks on {meta.get('host_cpus')} "
+                "CPUs: ranks that busy-wait for each other wait for a CPU too; give the "
+                "one-node run no more ranks than cores")
     if "MPICH" in f["MPI library"] and f.get("MPIR_CVAR_ALLREDUCE_POSIX_INTRA_ALGORITHM",
                                              UNSET) == UNSET:
         return ("likely cause: MPICH's default shared-memory all-reduce (release_gather), "
