@@ -1,20 +1,26 @@
 # Two commands from a fresh clone (both idempotent):
 #   make demo   set up, then run the main job on local ranks (no cluster needed)
-#   make test   set up, then lint and run the test suite
+#   make test   set up, then lint and run the test suite (Slurm tests skip unless Slurm is installed)
+#   make test-quick   lint and the fast tests (no multi-rank, MPI or Slurm ones), about 2 minutes
+#   make test-slurm   install Slurm if missing (root, apt; asked for by running this target), then its tests
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-# A CPU build of torch: plain `torch` would pull gigabytes of CUDA packages.
+# torch is installed from pip's configured index. Where that index serves a CUDA build (PyPI
+# on Linux x86_64), give TORCH_INDEX=https://download.pytorch.org/whl/cpu for a CPU one; on a GPU
+# node give TORCH_PIN=torch (and the CUDA index of your driver). See docs/install.md.
 TORCH_PIN ?= torch==2.13.0
+TORCH_INDEX ?=
+TORCH_INDEX_ARG := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test test-quick test-slurm lint bench clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check $(TORCH_PIN)
+	$(BIN)/pip install --quiet --disable-pip-version-check $(TORCH_INDEX_ARG) $(TORCH_PIN)
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[torch,mpi,plot,analysis,dev]'
 	touch $(STAMP)
 
@@ -31,6 +37,13 @@ lint: setup
 
 test: lint
 	$(BIN)/python -m pytest
+
+# Tests that start no ranks, MPI or Slurm: a minute or two on a laptop.
+test-quick: lint
+	$(BIN)/python -m pytest -q -m "not slurm and not mpi and not gpu and not slow"
+
+test-slurm: setup
+	INFERCOMM_INSTALL_SLURM=1 $(BIN)/python -m pytest -m slurm
 
 # pytest-benchmark with its own configuration (benchmarks/pytest.ini); each run is saved
 # under .benchmarks/<suite> and compared with the previous one there when there is one

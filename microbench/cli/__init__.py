@@ -54,6 +54,15 @@ def _chosen_command(argv: Sequence[str]) -> str | None:
     return next((arg for arg in argv if not arg.startswith("-")), None)
 
 
+def _version() -> str:
+    """The installed distribution's version (what `--version` prints)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("infercomm")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The full parser of the command `argv` names; a name and help line for the others."""
     parser = OneLineParser(
@@ -61,6 +70,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         description="The communication of LLM inference: generate the exact calls an engine "
                     "issues and replay them over NCCL, gloo or MPI.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"infercomm {_version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                        parser_class=OneLineParser)
     chosen = _chosen_command(argv)

@@ -40,8 +40,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--mpi-staging", action="store_true",
                        help="mpi with --device cuda: copy through host buffers around each "
                             "call (recorded in the results)")
-    group.add_argument("--out", type=folder_path, default="results",
-                       help="results folder (default results/)")
+    group.add_argument("--out", type=folder_path, default="infercomm-results",
+                       help="results folder (default infercomm-results/, outside tracked "
+                            "folders)")
 
 
 def resolve_device(requested: str, backend: str = "torch") -> str:
