@@ -220,6 +220,18 @@ def _weight_shapes(raw: dict[str, object]) -> dict[str, object]:
             "weight_format": method if method in ("fp8", "mxfp4") else ""}
 
 
+def model_name(raw: dict, file: Path, hidden: int, layers: int) -> str:
+    """A name from the model itself, never from the folder holding the file (a Hugging Face
+    cache folder is a commit hash): `_name_or_path`'s last part, else model_type with its size,
+    else the file's stem."""
+    given = str(raw.get("_name_or_path") or "").rstrip("/")
+    if given:  # a hub id (org/model) as it is; a local path by its last part
+        return given.rsplit("/", 1)[-1] if given[0] in "/.~" else given
+    if raw.get("model_type"):
+        return f"{raw['model_type']}-h{hidden}-L{layers}"
+    return file.stem
+
+
 def from_hf_config(path: str | Path) -> ModelConfig:
     """Read a Hugging Face `config.json` (or a folder holding one)."""
     file = Path(path)
@@ -259,7 +271,7 @@ def from_hf_config(path: str | Path) -> ModelConfig:
         dtype = canonical_dtype(str(raw.get("torch_dtype") or raw.get("dtype") or "float32"))
     except ConfigError as err:
         raise ConfigError(f"{where}: {err}") from None
-    name = str(raw.get("_name_or_path") or file.parent.name or file.stem)
+    name = model_name(raw, file, values["hidden_size"], values["num_hidden_layers"])
     return ModelConfig(
         name=name,
         num_key_value_heads=int(kv),

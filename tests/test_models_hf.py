@@ -121,8 +121,9 @@ def test_phi3_loads_and_splits_over_tp4():
 
 
 @pytest.mark.parametrize("engine, tp, message", [
-    # MLA attention splits its 128 heads over TP (vllm models/deepseek_v2.py:478).
-    ("vllm", 3, "tp(3) does not divide num_attention_heads(128) of deepseek-r1 (MLA"),
+    # MLA attention splits its 128 heads over TP (vllm models/deepseek_v2.py:478); the name is
+    # the config's own (model_type deepseek_v3, hidden 7168, 61 layers), not its folder's.
+    ("vllm", 3, "tp(3) does not divide num_attention_heads(128) of deepseek_v3-h7168-L61 (MLA"),
     ("vllm", 256, "tp(256) does not divide num_attention_heads(128)"),
 ])
 def test_refusals_for_mla(engine, tp, message):

@@ -22,14 +22,16 @@ def run(args: argparse.Namespace) -> int:
              m.num_hidden_layers, "vocab_size": m.vocab_size, "vocab_padded":
              padded_vocab(m.vocab_size), "num_attention_heads": m.num_attention_heads,
              "num_key_value_heads": m.num_key_value_heads, "intermediate_size":
-             m.intermediate_size, "torch_dtype": m.torch_dtype, "experts":
+             m.intermediate_size, "torch_dtype": m.torch_dtype,
+             # what patterns use (vLLM's dtype=auto serves an fp32 config as bf16)
+             "dtype": m.default_dtype, "experts":
              m.num_local_experts, "source": m.source} for m in PRESETS.values()]
     if args.format == "table":
         header = ["name", "h", "L", "V", "V_pad", "heads", "kv", "inter", "dtype", "experts",
                   "source"]
         keys = ["name", "hidden_size", "num_hidden_layers", "vocab_size", "vocab_padded",
                 "num_attention_heads", "num_key_value_heads", "intermediate_size",
-                "torch_dtype", "experts", "source"]
+                "dtype", "experts", "source"]
         print(render_table(header, [[str(r[k]) for k in keys] for r in rows],
                            right_align={"h", "L", "V", "V_pad", "heads", "kv", "inter",
                                         "experts"}))

@@ -1,6 +1,7 @@
 """The options that describe a pattern, shared by `pattern`, `replay` and `sweep --from-pattern`."""
 
 import argparse
+import dataclasses
 
 from microbench.argtypes import positive_int, positive_int_list
 from patterns import ENGINES, EngineOptions, Layout, Pattern, Workload, generate, resolve_model
@@ -15,6 +16,9 @@ def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True
     group = parser.add_argument_group("pattern")
     group.add_argument("--model", required=required,
                        help="preset name (see `infercomm models`) or path of a config.json")
+    group.add_argument("--name", default=None,
+                       help="the model's name in output and run folders (default: from the "
+                            "config: _name_or_path, else model_type and size, else file stem)")
     if layout:
         group.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size")
         group.add_argument("--pp", type=positive_int, default=1,
@@ -72,6 +76,8 @@ def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True
 def pattern_from_args(args: argparse.Namespace) -> Pattern:
     """Build the pattern; raises ConfigError with a one-line message on bad input."""
     model = resolve_model(args.model)
+    if getattr(args, "name", None):
+        model = dataclasses.replace(model, name=args.name)
     layout = Layout(tp=args.tp, pp=args.pp, dp=args.dp, ep=args.ep)
     workload = Workload(prompt=args.prompt, decode=args.decode, batch=args.batch,
                         dtype=args.dtype, dp_batches=args.dp_batches)
