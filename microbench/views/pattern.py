@@ -92,7 +92,19 @@ def pattern_csv(pattern: Pattern) -> str:
     return out.getvalue()
 
 
+def trace_title(pattern: Pattern) -> str:
+    """A trace's pattern has no model or prompt length (patterns/traces/to_pattern.py): name
+    its ranks (host:pid:rank), layout, steps and dtype."""
+    lay, w = pattern.layout, pattern.workload
+    files = pattern.model.source if len(pattern.model.source) <= 80 else \
+        pattern.model.source[:77] + "..."
+    return (f"trace {files} | tp={lay.tp} pp={lay.pp} ({lay.world_size} ranks) | "
+            f"1 prefill + {w.decode - 1} decode step(s) as traced | {w.dtype}")
+
+
 def title(pattern: Pattern) -> str:
+    if pattern.engine == "trace":
+        return trace_title(pattern)
     m, lay, w = pattern.model, pattern.layout, pattern.workload
     dp = f" dp={lay.dp}" if lay.dp > 1 else ""
     ep = f" ep={lay.ep_size}" if lay.ep else ""
