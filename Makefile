@@ -38,9 +38,12 @@ lint: setup
 test: lint
 	$(BIN)/python -m pytest
 
-# Tests that start no ranks, MPI or Slurm: a minute or two on a laptop.
+# No Slurm, MPI-launcher or GPU tests, and without the slowest multi-rank files (their
+# durations in `pytest --durations`): about two minutes on a loaded 2-core machine.
+QUICK_SKIP ?= test_op_streaming test_predict_replay test_moe_replay_cli test_launcher test_watchdog
 test-quick: lint
-	$(BIN)/python -m pytest -q -m "not slurm and not mpi and not gpu and not slow"
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slurm and not mpi and not gpu" \
+	  $(foreach f,$(QUICK_SKIP),--ignore=tests/$(f).py)
 
 test-slurm: setup
 	INFERCOMM_INSTALL_SLURM=1 $(BIN)/python -m pytest -m slurm
