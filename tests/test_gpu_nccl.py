@@ -170,4 +170,4 @@ def test_gpu_overhead_benchmark_runs_at_world_size_one():
                           capture_output=True, text=True, timeout=300, cwd=REPO, check=False)
     assert proc.returncode == 0, proc.stderr
     result = last_json(proc.stdout)
-    assert result["world_size"] == 1 and result["rows"]
+    assert result["world_size"] == 1 and result["cases"]

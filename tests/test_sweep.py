@@ -131,7 +131,9 @@ def test_check_counts_wrong_elements(tmp_path):
     # at element 0 on both ranks (2); rank 1 sends to rank 0 (ring 1 -> 0), whose received
     # element 0 is wrong (1). Any wrong element makes the exit status 1.
     assert proc.returncode == 1, proc.stderr
-    rows = last_json(proc.stdout)["rows"]
+    line = last_json(proc.stdout)
+    assert line["cases"] == 2 and "rows" not in line  # the rows are in the run's files
+    rows = json.loads((Path(line["results_dir"]) / "summary.json").read_text())["rows"]
     assert [(r["op"], r["wrong"]) for r in rows] == [("allreduce", 2), ("sendrecv", 1)]
 
 
@@ -146,7 +148,8 @@ def test_sweep_from_pattern(tmp_path):
     line = last_json(proc.stdout)
     # The pattern's groups have 2 ranks, so 2 ranks are started (not tp x pp = 4).
     assert line["world_size"] == 2 and line["wrong"] == 0
-    got = [(r["op"], r["size_bytes"], r["calls_per_inference"]) for r in line["rows"]]
+    got = [(r["op"], r["size_bytes"], r["calls_per_inference"]) for r in
+           json.loads((Path(line["results_dir"]) / "summary.json").read_text())["rows"]]
     assert got == [("allreduce", 128, 15), ("allreduce", 1024, 5), ("allgather", 128, 6),
                    ("allgather", 1024, 2), ("gather", 2048, 4), ("sendrecv", 64, 6),
                    ("sendrecv", 512, 2), ("stream", 64, 6),

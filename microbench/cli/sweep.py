@@ -333,7 +333,8 @@ def write_sweep(cases: list[Case], pattern: Pattern | None, backend: Any,
     print(sweep_table(rows, head, hosts, pattern is not None))
     print(f"results: {folder}")
     return {**{k: v for k, v in summary.items() if k != "rows"},
-            "results_dir": str(folder) if folder is not None else None, "rows": rows,
+            # the rows are in summary.json and sweep.csv: the last line stays short
+            "cases": len(rows), "results_dir": str(folder) if folder is not None else None,
             "write_error": error, "kept_dir": folder}
 
 
