@@ -8,6 +8,7 @@ import base64
 import html
 import io
 import json
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -15,6 +16,7 @@ import numpy as np
 
 from microbench.analysis import figures
 from microbench.analysis.compare import compare_runs, mismatch, verdict_label
+from microbench.analysis.heading import run_heading
 from microbench.analysis.sameness import same_run
 from microbench.argtypes import UsageError
 from microbench.results.runs import RunFolder, replay_samples, run_pattern, sweep_table
@@ -307,15 +309,21 @@ def png_bytes(figure: Any) -> bytes:
 
 CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
 table{border-collapse:collapse;margin:1em 0;font-size:0.9em}td,th{border:1px solid #ccc;
-padding:3px 8px;text-align:right}th{background:#f3f3f3}td:first-child{text-align:left}
+padding:3px 8px;text-align:left}th{background:#f3f3f3}td.n{text-align:right}
 figure{margin:1.5em 0}img{max-width:100%}figcaption{color:#555;font-size:0.9em}
 code{background:#f3f3f3;padding:0 3px}"""
 
 
+def _cell(value: Any) -> str:
+    """Numbers (and times, ratios, intervals) right-aligned, text left-aligned."""
+    text = str(value)
+    numeric = bool(re.fullmatch(r"[\[\-+]?[\d.,]+(?:, [\d.,]+\])?\s*[a-zA-Z%]{0,3}", text))
+    return f"<td class='n'>{html.escape(text)}</td>" if numeric else f"<td>{html.escape(text)}</td>"
+
+
 def _table(header: list[str], rows: list[list[Any]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>"
-                   for r in rows)
+    body = "".join("<tr>" + "".join(_cell(c) for c in r) + "</tr>" for r in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
@@ -325,8 +333,10 @@ def _us(value: Any) -> str:
 
 def render_html(entries: list[Entry], tables: dict[str, Any]) -> str:
     runs: list[tuple[str, RunFolder]] = tables["runs"]
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>infercomm report"
-             f"</title><style>{CSS}</style></head><body><h1>infercomm report</h1>",
+    # one run: the page says what ran (model, layout, workload, versions, hosts) in its title
+    head = html.escape(run_heading(runs[0][1])) if len(runs) == 1 else "infercomm report"
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{head}"
+             f"</title><style>{CSS}</style></head><body><h1>{head}</h1>",
              "<h2>Runs</h2>",
              _table(["", "folder", "kind", "backend", "created (UTC)", "git"],
                     [[label, run.name, run.kind, run.describe(),
