@@ -118,7 +118,10 @@ def notes(model: ModelConfig, layout: Layout, engine: str = "vllm") -> list[str]
                        "tokens are replicated there, so one all-reduce per MoE layer and no "
                        "dispatch (expert parallelism with token exchange needs --dp N)")
         else:
-            out.append(what + "modelled without expert parallelism, experts replicated over "
+            # vLLM's FusedMoE shards every expert over TP (intermediate_size_per_partition =
+            # intermediate_size // tp_size, model_executor/layers/fused_moe/layer.py, c8109375):
+            # each rank holds a 1/tp slice of each expert, not a full copy.
+            out.append(what + "modelled without expert parallelism, every expert sharded over "
                        "TP (one all-reduce per MoE layer); for expert parallelism give "
                        "--dp N --ep")
     elif model.is_moe and not layout.ep:

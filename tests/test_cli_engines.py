@@ -62,11 +62,11 @@ def test_moe_without_ep_says_so(cli):
     assert status == 0
     note = out.splitlines()[1]
     assert note.startswith("note: qwen3-30b-a3b is a MoE model (128 experts, 48 MoE layers)")
-    assert "experts replicated over TP (one all-reduce per MoE layer)" in note
+    assert "every expert sharded over TP (one all-reduce per MoE layer)" in note
     assert "for expert parallelism give --dp N --ep" in note
     status, out, _ = cli("pattern", "--model", "qwen3-30b-a3b", "--tp", "4", "--prompt", "16",
                          "--decode", "2", "--format", "json")
-    assert "experts replicated over TP" in json.loads(out)["notes"][0]
+    assert "every expert sharded over TP" in json.loads(out)["notes"][0]
 
 
 @pytest.mark.parametrize("args, message", [

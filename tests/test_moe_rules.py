@@ -187,7 +187,7 @@ def test_mixtral_tp2_without_ep_is_unchanged():
     assert len(ops) == 2 * 32 and by_kind(ops) == {("allreduce", "tp"): 64}
     assert {op.shape for op in ops} == {(7, 4096)}
     said = notes(resolve_model("mixtral-8x7b"), layout)
-    assert "experts replicated over TP (one all-reduce per MoE layer)" in said[0]
+    assert "every expert sharded over TP (one all-reduce per MoE layer)" in said[0]
 
 
 def test_llama4_scout_moe_every_layer():
