@@ -29,8 +29,14 @@ def canonical_dtype(name: str) -> str:
     key = name.strip().lower().removeprefix("torch.")
     key = _ALIASES.get(key, key)
     if key not in MODEL_DTYPES:
+        # fp8/mxfp4 name weight formats, not what travels: vLLM's Fp8/Mxfp4 MoE methods
+        # quantise weights (and at most the EP dispatch input), the residual stream that
+        # all-reduces carry stays in the checkpoint's torch_dtype (bf16).
+        why = (" (fp8/mxfp4 checkpoints quantise weights; their activations stay bf16: give "
+               "the checkpoint's config, not --dtype)" if key in ("fp8", "mxfp4", "fp4",
+                                                                     "int8", "int4") else "")
         raise ConfigError(
-            f"dtype {name!r} is not a model dtype; use one of {', '.join(MODEL_DTYPES)}"
+            f"dtype {name!r} is not a model dtype; use one of {', '.join(MODEL_DTYPES)}{why}"
         )
     return key
 
