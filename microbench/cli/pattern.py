@@ -30,6 +30,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.disagg is not None:  # both sides and the KV transfer between them
+        from microbench.kvtransfer.args import print_disagg
+        return print_disagg(args)
     pattern = pattern_from_args(args)
     if args.format == "json":
         print(json.dumps(pattern_document(pattern, with_steps=args.steps),

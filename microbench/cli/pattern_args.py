@@ -71,10 +71,14 @@ def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True
     group.add_argument("--sp", action="store_true",
                        help="megatron: sequence parallelism (each all-reduce becomes a "
                             "reduce-scatter and an all-gather)")
+    from microbench.kvtransfer.args import add_disagg_arguments
+    add_disagg_arguments(group)
 
 
 def pattern_from_args(args: argparse.Namespace) -> Pattern:
     """Build the pattern; raises ConfigError with a one-line message on bad input."""
+    from microbench.kvtransfer.args import refuse_disagg_options
+    refuse_disagg_options(args)  # --disagg is its own deployment (microbench/kvtransfer)
     model = resolve_model(args.model)
     if getattr(args, "name", None):
         model = dataclasses.replace(model, name=args.name)

@@ -1,0 +1,89 @@
+"""`--disagg`, `--connector`, `--kv-cache-dtype`, `--kv-block-size`: the options of a
+disaggregated deployment, shared by `pattern`, `replay` and `plan`."""
+
+import argparse
+import dataclasses
+
+from microbench.argtypes import UsageError, positive_int
+from patterns import EngineOptions, Workload, resolve_model
+from patterns.disagg import KV_CACHE_DTYPES, DisaggPattern, generate_disagg, parse_disagg
+
+
+def add_disagg_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--disagg", default=None, metavar="prefill=LAYOUT,decode=LAYOUT",
+                       help="disaggregated prefill and decode, e.g. prefill=tp4,decode=tp8 "
+                            "(dpN for replicas): both sides' calls and one request's KV "
+                            "transfer between them")
+    group.add_argument("--connector", default=None,
+                       help="with --disagg: the engine's KV connector, nixl (vllm; sglang) "
+                            "or mooncake (sglang) (default: vllm nixl, sglang mooncake)")
+    group.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                       help="with --disagg: the KV cache's dtype, auto (the model's) or fp8 "
+                            "(one byte an element)")
+    group.add_argument("--kv-block-size", type=positive_int, default=None, metavar="TOKENS",
+                       help="with --disagg: tokens a KV block (vllm --block-size, sglang "
+                            "--page-size; default the engine's: vllm 16, 64 for MLA; sglang 1)")
+
+
+def disagg_from_args(args: argparse.Namespace) -> DisaggPattern:
+    """The disaggregated deployment the options describe; ConfigError on bad input."""
+    model = resolve_model(args.model)
+    if getattr(args, "name", None):
+        model = dataclasses.replace(model, name=args.name)
+    workload = Workload(prompt=args.prompt, decode=args.decode, batch=args.batch,
+                        dtype=args.dtype, dp_batches=getattr(args, "dp_batches", None))
+    options = EngineOptions(eager=args.eager, max_batched_tokens=args.max_batched_tokens,
+                            control_plane=args.control_plane, gpu=args.gpu,
+                            nccl_only=args.nccl_only, model_runner=args.model_runner,
+                            max_num_seqs=args.max_num_seqs, sp=args.sp)
+    return generate_disagg(args.engine, model, parse_disagg(args.disagg), workload, options,
+                           args.connector, args.kv_cache_dtype, args.kv_block_size)
+
+
+def refuse_disagg_options(args: argparse.Namespace) -> None:
+    """A colocated pattern takes none of the disaggregated options."""
+    if getattr(args, "disagg", None) is not None:
+        raise UsageError("--disagg is taken by `infercomm pattern`, `replay` and `plan`; drop "
+                         "it here")
+    given = [flag for flag, value, default in (
+        ("--connector", getattr(args, "connector", None), None),
+        ("--kv-cache-dtype", getattr(args, "kv_cache_dtype", "auto"), "auto"),
+        ("--kv-block-size", getattr(args, "kv_block_size", None), None)) if value != default]
+    if given:
+        raise UsageError(f"{', '.join(given)} describe(s) the KV transfer of --disagg "
+                         "prefill=LAYOUT,decode=LAYOUT; add --disagg or drop them")
+
+
+def refuse_layout_options(args: argparse.Namespace) -> None:
+    """--disagg names both sides' layouts: --tp/--pp/--dp/--ep would be a third."""
+    given = [f"--{name.replace('_', '-')}" for name, default in
+             (("tp", 1), ("pp", 1), ("dp", 1), ("ep", False), ("dp_batches", None))
+             if getattr(args, name, default) != default]
+    if given:
+        raise UsageError(f"--disagg gives each side's layout (prefill=tp4,decode=tp8); drop "
+                         f"{', '.join(given)}")
+
+
+def print_disagg(args: argparse.Namespace) -> int:
+    """`infercomm pattern --disagg ...`: table, JSON or CSV of both sides and the transfer."""
+    import json
+
+    from microbench.kvtransfer.view import disagg_csv, disagg_document, disagg_table
+
+    refuse_layout_options(args)
+    if args.steps:
+        raise UsageError("--steps shows one layout's steps; drop it with --disagg")
+    d = disagg_from_args(args)
+    if args.format == "json":
+        print(json.dumps(disagg_document(d), separators=(",", ":")))
+        return 0
+    if args.format == "csv":
+        print(disagg_csv(d), end="")
+        return 0
+    print(disagg_table(d))
+    t = d.transfer
+    print(json.dumps({"engine": args.engine, "connector": t.connector.name,
+                      "model": d.decode.model.name, "disagg": d.disagg.text(),
+                      "kv_transfer_bytes": t.total_bytes, "direction": t.direction,
+                      "pairs": sum(1 for p in t.pairs if not p.dummy)}, separators=(",", ":")))
+    return 0

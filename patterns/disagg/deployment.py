@@ -1,0 +1,73 @@
+"""A disaggregated deployment: the prefill side's calls, the decode side's, and the KV
+transfer between them, for one model and workload."""
+
+from dataclasses import dataclass, replace
+
+from patterns.disagg.kvcache import kv_element_bytes
+from patterns.disagg.layouts import DisaggLayout, connector_of
+from patterns.disagg.transfer import KVTransfer, plan_transfer
+from patterns.dtypes import DTYPE_BYTES
+from patterns.engines import generate
+from patterns.errors import ConfigError
+from patterns.layout import Workload
+from patterns.models import ModelConfig
+from patterns.pattern import EngineOptions, Pattern
+from patterns.weights import gpu_memory_bytes
+
+# Memory of one GPU of each kind the profiles model, in GiB as the driver reports it
+# rounded down to the product figure (H100 SXM 80 GB, H200 141 GB, B200 180 GB, A100 80 GB).
+GPU_MEMORY_GIB = {"h100": 80, "h200": 141, "b200": 180, "a100": 80}
+# vLLM's --gpu-memory-utilization default (SGLang's mem_fraction_static is close to it).
+GPU_MEMORY_UTILIZATION = 0.9
+
+
+@dataclass(frozen=True)
+class DisaggPattern:
+    disagg: DisaggLayout
+    prefill: Pattern  # the prefill side: its prefill step (a workload of decode 1)
+    decode: Pattern  # the decode side: its decode steps are what it runs of this pattern
+    transfer: KVTransfer
+    kv_cache_dtype: str
+    decode_memory: tuple[int, int]  # (weights, KV cache of the batch) of a decode rank
+
+
+def decode_memory(model: ModelConfig, disagg: DisaggLayout, workload: Workload, dtype: str,
+                  kv_cache_dtype: str) -> tuple[int, int]:
+    """(weights, KV cache) of the fullest decode rank when it holds the batch's whole
+    sequences (prompt + output tokens of each request), from patterns/weights.py."""
+    tokens = workload.batch * (workload.prompt + workload.decode)
+    weights, cache = gpu_memory_bytes(model, disagg.decode, dtype, tokens)
+    element = kv_element_bytes(model, dtype, kv_cache_dtype)
+    return weights, cache * element // DTYPE_BYTES[dtype]
+
+
+def check_decode_fits(model: ModelConfig, disagg: DisaggLayout, memory: tuple[int, int],
+                      gpu: str) -> None:
+    limit = int(GPU_MEMORY_GIB[gpu] * GPU_MEMORY_UTILIZATION * (1 << 30))
+    weights, cache = memory
+    if weights + cache <= limit:
+        return
+    gib = 1 << 30
+    raise ConfigError(f"the decode side tp({disagg.decode.tp}) does not hold the batch: "
+                      f"weights {weights / gib:.1f} GiB and KV cache {cache / gib:.1f} GiB a "
+                      f"rank need more than {limit / gib:.1f} GiB ({GPU_MEMORY_UTILIZATION} of "
+                      f"the {gpu}'s {GPU_MEMORY_GIB[gpu]} GiB); use a larger decode tp, a "
+                      "smaller batch or prompt, --kv-cache-dtype fp8, or --gpu with more memory")
+
+
+def generate_disagg(engine: str, model: ModelConfig, disagg: DisaggLayout, workload: Workload,
+                    options: EngineOptions, connector: str | None = None,
+                    kv_cache_dtype: str = "auto",
+                    block_tokens: int | None = None) -> DisaggPattern:
+    """Both sides' patterns and one request's KV transfer; ConfigError on bad input."""
+    chosen = connector_of(engine, connector)
+    if workload.dp_batches is not None:
+        raise ConfigError("--dp-batches does not apply to --disagg; give --batch (per replica)")
+    dtype = workload.dtype or model.default_dtype
+    prefill = generate(engine, model, disagg.prefill, replace(workload, decode=1), options)
+    decode = generate(engine, model, disagg.decode, workload, options)
+    transfer = plan_transfer(model, disagg, chosen, workload.prompt, dtype, kv_cache_dtype,
+                             block_tokens)
+    memory = decode_memory(model, disagg, workload, dtype, kv_cache_dtype)
+    check_decode_fits(model, disagg, memory, options.gpu)
+    return DisaggPattern(disagg, prefill, decode, transfer, kv_cache_dtype, memory)

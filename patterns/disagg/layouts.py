@@ -1,0 +1,147 @@
+"""Disaggregated serving: a prefill layout and a decode layout, and the connector between them.
+
+`--disagg prefill=tp4,decode=tp8` names each side's layout (tp, and dp replicas where the
+engine allows; pipeline parallelism on either side is not modelled). A request is prefilled
+by one DP replica of the prefill side and decoded by one of the decode side; its KV cache
+crosses from the prefill replica's TP ranks to the decode replica's TP ranks through the
+engine's connector:
+
+- vLLM's NixlConnector (`nixl`): the decode ranks READ (pull) the blocks from the prefill
+  ranks. vLLM main of 2026-04-17 (commit cda19ecf, PR #40189; public copy
+  zhhangBian/vllm-note), `vllm/distributed/kv_transfer/kv_connector/v1/nixl/worker.py`:
+  `_read_blocks` posts `make_prepped_xfer("READ", ...)` (line 2102), one transfer per remote
+  rank of a request (`_read_blocks_for_req`, line 1904).
+- SGLang's Mooncake (`mooncake`) and NIXL (`nixl`) backends: the prefill ranks WRITE (push)
+  into blocks the decode side allocated beforehand. SGLang main of 2026-08 (public copy
+  ai-blaise/optimization-playground @ 5fe238c4), `python/sglang/srt/disaggregation/`:
+  mooncake/conn.py `_send_kvcache_generic` (line 562) and `send_kvcache_slice` (line 682)
+  through `batch_transfer_sync`, which is `batch_transfer_sync_write`
+  (`srt/distributed/device_communicators/mooncake_transfer_engine.py:240`); nixl/conn.py
+  `initialize_xfer("WRITE", ...)` (line 810).
+
+Which TP rank reads from (or writes to) which, and which refusals the engines make, are in
+`patterns/disagg/transfer.py`.
+"""
+
+import re
+from dataclasses import dataclass
+
+from patterns.errors import ConfigError
+from patterns.layout import Layout
+
+
+@dataclass(frozen=True)
+class Connector:
+    """One engine's KV connector as the transfer model needs it."""
+
+    engine: str
+    name: str
+    direction: str  # "read": the decode ranks pull; "write": the prefill ranks push
+    library: str
+    source: str
+
+
+CONNECTORS: dict[str, dict[str, Connector]] = {
+    "vllm": {
+        "nixl": Connector("vllm", "nixl", "read", "NIXL",
+                          "vLLM NixlConnector (kv_connector/v1/nixl/worker.py @ cda19ecf)"),
+    },
+    "sglang": {
+        "mooncake": Connector("sglang", "mooncake", "write", "Mooncake TransferEngine",
+                              "SGLang disaggregation/mooncake/conn.py @ 5fe238c4"),
+        "nixl": Connector("sglang", "nixl", "write", "NIXL",
+                          "SGLang disaggregation/nixl/conn.py @ 5fe238c4"),
+    },
+}
+
+# Connectors an engine has that are not modelled here (said apart from "no such connector").
+NOT_MODELLED: dict[str, tuple[str, ...]] = {
+    "vllm": ("mooncake", "lmcache", "p2p_nccl"),  # v1/mooncake/, lmcache, p2p/ exist
+}
+
+DEFAULT_CONNECTOR = {"vllm": "nixl", "sglang": "mooncake"}
+
+_SIDE = re.compile(r"^(?:(?:tp|dp|pp)\d+)+$")
+_PART = re.compile(r"(tp|dp|pp)(\d+)")
+MAX_SIDE_RANKS = 1 << 16  # far beyond one model's deployment
+
+
+@dataclass(frozen=True)
+class DisaggLayout:
+    """The two sides of a disaggregated deployment. Job ranks: the prefill side's first
+    (its own global order), then the decode side's, offset by the prefill world size."""
+
+    prefill: Layout
+    decode: Layout
+
+    @property
+    def world_size(self) -> int:
+        return self.prefill.world_size + self.decode.world_size
+
+    @property
+    def decode_offset(self) -> int:
+        return self.prefill.world_size
+
+    def text(self) -> str:
+        return f"prefill={side_text(self.prefill)},decode={side_text(self.decode)}"
+
+
+def side_text(layout: Layout) -> str:
+    return f"tp{layout.tp}" + (f"dp{layout.dp}" if layout.dp > 1 else "")
+
+
+def _side(name: str, text: str) -> Layout:
+    spec = text.strip().lower()
+    if not _SIDE.match(spec):
+        raise ConfigError(f"--disagg {name}={text!r} is not a layout; write it as tpN (and "
+                          "dpM for replicas), e.g. prefill=tp4,decode=tp8")
+    parts: dict[str, int] = {}
+    for key, value in _PART.findall(spec):
+        if key in parts:
+            raise ConfigError(f"--disagg {name}={text!r} gives {key} twice; give it once")
+        parts[key] = int(value)
+    if parts.get("pp", 1) != 1:
+        raise ConfigError(f"--disagg {name}={text!r}: pipeline parallelism on a side of a "
+                          "disaggregated deployment is not modelled; use tp (and dp)")
+    tp, dp = parts.get("tp", 1), parts.get("dp", 1)
+    if tp < 1 or dp < 1 or tp * dp > MAX_SIDE_RANKS:
+        raise ConfigError(f"--disagg {name}={text!r}: tp and dp must be positive and tp x dp "
+                          f"at most {MAX_SIDE_RANKS:,} ranks")
+    return Layout(tp=tp, dp=dp)
+
+
+def parse_disagg(text: str) -> DisaggLayout:
+    """'prefill=tp4,decode=tp8' (either order) -> DisaggLayout."""
+    sides: dict[str, str] = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        key = key.strip().lower()
+        if not sep or key not in ("prefill", "decode") or key in sides:
+            raise ConfigError(f"--disagg {text!r}: give prefill=LAYOUT,decode=LAYOUT once "
+                              "each, e.g. prefill=tp4,decode=tp8")
+        sides[key] = value
+    if set(sides) != {"prefill", "decode"}:
+        raise ConfigError(f"--disagg {text!r}: give both sides, e.g. prefill=tp4,decode=tp8")
+    return DisaggLayout(_side("prefill", sides["prefill"]), _side("decode", sides["decode"]))
+
+
+def connector_of(engine: str, name: str | None) -> Connector:
+    """The engine's connector by name (None: the engine's usual one); refuses a connector
+    the engine does not have, and one it has that is not modelled."""
+    have = CONNECTORS.get(engine)
+    if have is None:
+        engines = ", ".join(f"{e} ({'/'.join(c)})" for e, c in CONNECTORS.items())
+        raise ConfigError(f"engine {engine} has no disaggregated-serving connector modelled; "
+                          f"use --engine with one of {engines}")
+    chosen = name if name is not None else DEFAULT_CONNECTOR[engine]
+    if chosen in have:
+        return have[chosen]
+    if chosen in NOT_MODELLED.get(engine, ()):
+        also = [e for e, c in CONNECTORS.items() if chosen in c]
+        elsewhere = f", or --engine {also[0]} for {chosen}" if also else ""
+        raise ConfigError(f"{engine}'s {chosen} connector is not modelled; use --connector "
+                          f"{'/'.join(have)} with {engine}{elsewhere}")
+    others = [e for e, c in CONNECTORS.items() if chosen in c]
+    elsewhere = f" ({chosen} is {', '.join(others)}'s)" if others else ""
+    raise ConfigError(f"engine {engine} has no {chosen} connector{elsewhere}; use --connector "
+                      f"{' or '.join(have)}")
