@@ -61,6 +61,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                              "(default 1G; sizes like 500M, 4G)")
     parser.add_argument("--label", default=None, type=run_label,
                         help="run folder label (default replay-MODEL-tpTppP-BACKEND)")
+    from microbench.kvtransfer.replay import add_kv_replay_arguments
+    add_kv_replay_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -83,6 +85,9 @@ def pattern_or_trace(args: argparse.Namespace) -> Pattern:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.disagg is not None:  # prefill and decode ranks, and the KV transfer between
+        from microbench.kvtransfer.replay import run_disagg
+        return run_disagg(args)
     pattern = pattern_or_trace(args)  # bad input ends here, before any process or file
     check_backend_options(args)
     if args.timing == "op":

@@ -1,0 +1,245 @@
+"""What carries the KV blocks in a replay: NIXL (as vLLM and SGLang call it), MPI one-sided
+(a window, Get or Put: MPI's READ and WRITE), MPI send/recv, each behind one small class.
+
+Every rank holds one buffer: its side's cache of the request (kvcache.SideCache layout).
+A pair's descriptors are (prefill offset, decode offset, bytes). The initiator is the side
+the connector makes act: the decode rank for a READ (vLLM's pull), the prefill rank for a
+WRITE (SGLang's push); send/recv needs both. `transfer()` issues this rank's part of one
+request's transfer and returns once it is complete here.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from microbench.argtypes import UsageError
+from patterns.disagg import Pair
+
+TRANSPORTS = ("nixl", "rma", "p2p")
+
+
+@dataclass
+class PairDescs:
+    pair: Pair
+    index: int  # the pair's place in the transfer (a tag)
+    prefill_rank: int  # job ranks
+    decode_rank: int
+    src: np.ndarray  # uint64 offsets into the prefill rank's buffer
+    dst: np.ndarray  # uint64 offsets into the decode rank's buffer
+    length: np.ndarray  # uint64 bytes of each descriptor
+
+
+@dataclass
+class Role:
+    """This rank's part: its side, its buffer's size, and the pairs it is in."""
+
+    rank: int
+    side: str  # "prefill" or "decode"
+    nbytes: int
+    pairs: list[PairDescs]
+    direction: str  # "read" (decode initiates) or "write" (prefill initiates)
+
+    @property
+    def initiates(self) -> bool:
+        return (self.side == "decode") == (self.direction == "read")
+
+    def peer(self, pd: PairDescs) -> int:
+        return pd.prefill_rank if self.side == "decode" else pd.decode_rank
+
+    def local_remote(self, pd: PairDescs) -> tuple[np.ndarray, np.ndarray]:
+        """(offsets in this rank's buffer, offsets in the peer's) of a pair."""
+        return (pd.dst, pd.src) if self.side == "decode" else (pd.src, pd.dst)
+
+
+def _hindexed(mpi: Any, lengths: np.ndarray, offsets: np.ndarray) -> Any:
+    """A descriptor list as one MPI datatype: blocks of bytes at byte displacements."""
+    return mpi.BYTE.Create_hindexed(lengths.tolist(), offsets.tolist()).Commit()
+
+
+class MpiRma:
+    """MPI one-sided: every rank's buffer is a window (MPI_Win_allocate); the initiator opens
+    a passive epoch on all targets (Lock_all), issues one Get (READ) or Put (WRITE) per pair
+    with the pair's descriptors as datatypes, and Unlock_all completes them."""
+
+    name = "rma"
+
+    def __init__(self, comm: Any) -> None:
+        from mpi4py import MPI
+        self.mpi, self.comm = MPI, comm
+        self.ops: list[tuple[Callable[..., None], list[Any], int, list[Any]]] = []
+        self.types: list[Any] = []
+
+    def allocate(self, nbytes: int) -> np.ndarray:
+        self.win = self.mpi.Win.Allocate(max(nbytes, 1), disp_unit=1, comm=self.comm)
+        return np.frombuffer(self.win.tomemory(), dtype=np.uint8)[:nbytes]
+
+    def prepare(self, role: Role, buffer: np.ndarray, allgather: Callable) -> None:
+        if not role.initiates:
+            return
+        call = self.win.Get if role.direction == "read" else self.win.Put
+        for pd in role.pairs:
+            if not pd.length.size:
+                continue
+            local, remote = role.local_remote(pd)
+            ltype = _hindexed(self.mpi, pd.length, local)
+            rtype = _hindexed(self.mpi, pd.length, remote)
+            self.types += [ltype, rtype]
+            self.ops.append((call, [buffer, 1, ltype], role.peer(pd), [0, 1, rtype]))
+
+    def transfer(self) -> None:
+        if not self.ops:
+            return
+        self.win.Lock_all()
+        for call, origin, target, where in self.ops:
+            call(origin, target, where)
+        self.win.Unlock_all()
+
+    def versions(self) -> dict[str, Any]:
+        return {"mpi_library": self.mpi.Get_library_version().splitlines()[0].strip()}
+
+    def close(self) -> None:
+        for t in self.types:
+            t.Free()
+        self.win.Free()
+
+
+class MpiP2P:
+    """MPI send/recv: the prefill rank sends each pair's descriptors as one datatype, the
+    decode rank receives them in place (both sides act, whatever the connector's direction)."""
+
+    name = "p2p"
+
+    def __init__(self, comm: Any) -> None:
+        from mpi4py import MPI
+        self.mpi, self.comm = MPI, comm
+        self.ops: list[Callable[[], Any]] = []
+        self.types: list[Any] = []
+
+    def allocate(self, nbytes: int) -> np.ndarray:
+        return np.zeros(nbytes, dtype=np.uint8)
+
+    def prepare(self, role: Role, buffer: np.ndarray, allgather: Callable) -> None:
+        for pd in role.pairs:
+            if not pd.length.size:
+                continue
+            local, _ = role.local_remote(pd)
+            dtype = _hindexed(self.mpi, pd.length, local)
+            self.types.append(dtype)
+            if role.side == "prefill":
+                self.ops.append(lambda d=dtype, p=pd: self.comm.Isend(
+                    [buffer, 1, d], dest=p.decode_rank, tag=p.index))
+            else:
+                self.ops.append(lambda d=dtype, p=pd: self.comm.Irecv(
+                    [buffer, 1, d], source=p.prefill_rank, tag=p.index))
+
+    def transfer(self) -> None:
+        if self.ops:
+            self.mpi.Request.Waitall([op() for op in self.ops])
+
+    def versions(self) -> dict[str, Any]:
+        return {"mpi_library": self.mpi.Get_library_version().splitlines()[0].strip()}
+
+    def close(self) -> None:
+        for t in self.types:
+            t.Free()
+
+
+def import_nixl() -> Any:
+    """NIXL's Python API: the `nixl` meta package's module, or nixl-cu12's/cu13's."""
+    for module in ("nixl._api", "nixl_cu12._api", "nixl_cu13._api"):
+        try:
+            return __import__(module, fromlist=["nixl_agent"])
+        except ImportError:
+            continue
+    raise UsageError("--kv-transport nixl needs NIXL's Python package: pip install "
+                     "'infercomm[nixl]' (nixl-cu12), or use --backend mpi --kv-transport rma")
+
+
+class Nixl:
+    """NIXL with its UCX backend, as the connectors use it: every rank an agent with its
+    buffer registered (DRAM here, VRAM on GPUs); agents exchange metadata; the initiator
+    prepares each pair's local and remote descriptor lists once (`prep_xfer_dlist`), and
+    per request posts one `make_prepped_xfer` READ or WRITE a pair with a notification,
+    then polls it to DONE; the target waits for the notifications, as vLLM's prefill side
+    (to free its blocks) and SGLang's decode side (to start decoding) do."""
+
+    name = "nixl"
+
+    def __init__(self, rank: int) -> None:
+        self.api = import_nixl()
+        config = self.api.nixl_agent_config(backends=["UCX"])
+        self.agent = self.api.nixl_agent(f"infercomm-{rank}", config)
+        self.xfers: list[tuple[Any, np.ndarray, Any, bytes]] = []
+        self.notify: list[tuple[str, bytes]] = []  # notifications without data (MLA)
+        self.expected = 0
+
+    def allocate(self, nbytes: int) -> np.ndarray:
+        self.buffer = np.zeros(max(nbytes, 1), dtype=np.uint8)
+        self.registered = self.agent.register_memory(
+            [(self.buffer.ctypes.data, self.buffer.nbytes, 0, "")], "DRAM")
+        return self.buffer[:nbytes]
+
+    def prepare(self, role: Role, buffer: np.ndarray, allgather: Callable) -> None:
+        peers = allgather((self.agent.get_agent_metadata(), int(buffer.ctypes.data)))
+        base = int(buffer.ctypes.data)
+        self.op = "READ" if role.direction == "read" else "WRITE"
+        for pd in role.pairs:
+            notif = f"kv:{pd.index}".encode()
+            if not role.initiates:
+                self.expected += 1  # one notification a pair, with data or without
+                continue
+            meta, remote_base = peers[role.peer(pd)]
+            name = self.agent.add_remote_agent(meta)
+            if not pd.length.size:
+                self.notify.append((name, notif))
+                continue
+            local, remote = role.local_remote(pd)
+            zeros = np.zeros_like(pd.length)
+            ldescs = np.column_stack((base + local, pd.length, zeros)).astype(np.uint64)
+            rdescs = np.column_stack((remote_base + remote, pd.length, zeros)).astype(np.uint64)
+            lhandle = self.agent.prep_xfer_dlist(
+                "NIXL_INIT_AGENT", self.agent.get_xfer_descs(ldescs, "DRAM"))
+            rhandle = self.agent.prep_xfer_dlist(name, self.agent.get_xfer_descs(rdescs, "DRAM"))
+            self.xfers.append((lhandle, np.arange(len(pd.length)), rhandle, notif))
+
+    def transfer(self) -> None:
+        agent = self.agent
+        handles = [agent.make_prepped_xfer(self.op, lh, ids, rh, ids, notif)
+                   for lh, ids, rh, notif in self.xfers]
+        for h in handles:
+            if agent.transfer(h) == "ERR":
+                raise RuntimeError("NIXL could not post a transfer")
+        for name, notif in self.notify:
+            agent.send_notif(name, notif)
+        for h in handles:
+            state = agent.check_xfer_state(h)
+            while state == "PROC":
+                state = agent.check_xfer_state(h)
+            if state != "DONE":
+                raise RuntimeError(f"NIXL transfer ended in state {state}")
+            agent.release_xfer_handle(h)
+        received = 0
+        while received < self.expected:
+            received += sum(len(v) for v in agent.get_new_notifs().values())
+
+    def versions(self) -> dict[str, Any]:
+        from importlib.metadata import PackageNotFoundError, version
+        for dist in ("nixl", "nixl-cu12", "nixl-cu13"):
+            try:
+                return {"nixl": f"{dist} {version(dist)}", "nixl_backend": "UCX"}
+            except PackageNotFoundError:
+                continue
+        return {"nixl": "unknown", "nixl_backend": "UCX"}
+
+    def close(self) -> None:
+        self.agent.deregister_memory(self.registered)
+
+
+def open_transport(name: str, rank: int, comm: Any | None) -> Any:
+    if name == "nixl":
+        return Nixl(rank)
+    if comm is None:
+        raise UsageError(f"--kv-transport {name} issues MPI calls; use --backend mpi")
+    return MpiRma(comm) if name == "rma" else MpiP2P(comm)

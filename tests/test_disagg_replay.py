@@ -1,0 +1,94 @@
+"""`infercomm replay --disagg`: prefill and decode ranks in one job, one request's KV blocks
+moved over MPI one-sided (Get for vLLM's READ, Put for SGLang's WRITE), MPI send/recv and
+NIXL, with --check counting wrong bytes; refusals before any rank starts."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.replay_helpers import infercomm, last_json, needs_mpi, tiny_model
+
+
+def nixl_importable() -> bool:
+    from microbench.kvtransfer.transports import import_nixl
+    try:
+        import_nixl()
+    except Exception:
+        return False
+    return True
+
+
+needs_nixl = pytest.mark.skipif(not nixl_importable(),
+                                reason="NIXL is not installed (pip install 'infercomm[nixl]')")
+
+
+def replay(tmp_path, *argv, env=None):
+    model = tiny_model(tmp_path)
+    proc, _ = infercomm("replay", "--model", model, "--prompt", "20", "--decode", "4", "-n", "3",
+                        "-w", "1", "--check", "--out", str(tmp_path / "runs"), *argv, env=env)
+    return proc
+
+
+# tiny: 4 layers, 4 KV heads of 16 (hidden 64 / 4 heads), bf16: K and V of a head, a token,
+# a layer = 2 x 16 x 2 = 64 bytes; 4 layers x 4 heads x 64 = 1,024 bytes a token.
+# vLLM: 20 tokens fill ceil(20/16) = 2 blocks = 32 slots: 32,768 bytes moved in all.
+# SGLang: pages of 1 token: 20 x 1,024 = 20,480 bytes.
+
+@needs_mpi
+@pytest.mark.mpi
+@pytest.mark.parametrize("argv, moved", [
+    (["--disagg", "prefill=tp1,decode=tp2", "--kv-transport", "rma"], 32_768),
+    (["--disagg", "prefill=tp2,decode=tp1", "--engine", "sglang", "--kv-transport", "rma"],
+     20_480),
+    (["--disagg", "prefill=tp2,decode=tp1", "--kv-transport", "p2p"], 32_768),
+])
+def test_mpi_replay_moves_every_byte(tmp_path, argv, moved):
+    proc = replay(tmp_path, "--backend", "mpi", *argv)
+    assert proc.returncode == 0, proc.stderr
+    last = last_json(proc.stdout)
+    assert (last["kv_transfer_bytes"], last["wrong"]) == (moved, 0)
+    run = Path(last["results_dir"])
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["world_size"] == 3 and summary["kv_transfer_us"] > 0
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["pattern"]["kv_transfer_bytes"] == moved and "mpi_library" in meta["versions"]
+    # one row per timed iteration, and every rank's times beside it
+    assert len((run / "iterations.csv").read_text().splitlines()) == 1 + 3
+    assert len((run / "ranks.csv").read_text().splitlines()) == 1 + 3 * 3
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_check_counts_a_corrupted_byte(tmp_path):
+    proc = replay(tmp_path, "--backend", "mpi", "--disagg", "prefill=tp1,decode=tp2",
+                  "--kv-transport", "rma", env={"INFERCOMM_FAULT": "corrupt:0:kv"})
+    assert proc.returncode == 1
+    assert last_json(proc.stdout)["wrong"] == 1  # the one byte prefill rank 0 changed
+
+
+@needs_nixl
+def test_nixl_replay_over_ucx(tmp_path):
+    # The connectors' own library: agents, registered DRAM, prepared descriptor lists, READ
+    # (vLLM) and WRITE (SGLang) with notifications; control over gloo.
+    for engine, moved in (("vllm", 32_768), ("sglang", 20_480)):
+        proc = replay(tmp_path, "--backend", "torch", "--disagg", "prefill=tp1,decode=tp1",
+                      "--engine", engine, "--kv-transport", "nixl")
+        assert proc.returncode == 0, proc.stderr
+        last = last_json(proc.stdout)
+        assert (last["kv_transport"], last["kv_transfer_bytes"], last["wrong"]) == \
+            ("nixl", moved, 0)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--disagg", "prefill=tp1,decode=tp2", "--kv-transport", "rma"], "add --backend mpi"),
+    (["--disagg", "prefill=tp1,decode=tp2", "--backend", "mpi", "--nproc", "2"],
+     "use --nproc 3"),
+    (["--disagg", "prefill=tp1dp2,decode=tp2", "--backend", "mpi"], "drop dpN"),
+    (["--disagg", "prefill=tp1,decode=tp2", "--backend", "mpi", "--tp", "2"], "drop --tp"),
+])
+def test_bad_input_one_line(tmp_path, argv, words):
+    proc = replay(tmp_path, *argv)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert words in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
