@@ -92,3 +92,19 @@ def test_bad_input_one_line(tmp_path, argv, words):
     assert proc.returncode == 2 and proc.stdout == ""
     assert words in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+@needs_mpi
+@pytest.mark.mpi
+@pytest.mark.parametrize("transport", ["rma", pytest.param("nixl", marks=needs_nixl)])
+def test_kvtransfer_sweep(tmp_path, transport):
+    # Two sizes, 8 descriptors each: a row a size, count = descriptors, checked byte by byte.
+    proc, _ = infercomm("sweep", "--op", "kvtransfer", "--backend", "mpi", "--kv-transport",
+                        transport, "--sizes", "1K,16K", "--kv-descriptors", "8", "-n", "5",
+                        "-w", "1", "-c", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    last = last_json(proc.stdout)
+    assert (last["cases"], last["wrong"], last["transport"]) == (2, 0, transport)
+    rows = (Path(last["results_dir"]) / "sweep.csv").read_text().splitlines()
+    assert rows[1].startswith("kvtransfer,1024,8,uint8,2,")
+    assert rows[2].startswith("kvtransfer,16384,8,uint8,2,")

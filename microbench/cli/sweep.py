@@ -49,6 +49,10 @@ DEFAULT_MIN, DEFAULT_MAX, DEFAULT_FACTOR = 8, 32 << 20, 2
 def op_list(text: str) -> list[SweepOp]:
     names = [t.strip().lower() for t in text.split(",") if t.strip()]
     known = ", ".join(SweepOp)
+    if "kvtransfer" in names:  # a KV transfer, not a collective: microbench/kvtransfer/sweep.py
+        if names != ["kvtransfer"]:
+            raise argparse.ArgumentTypeError("--op kvtransfer is swept on its own run")
+        return ["kvtransfer"]  # type: ignore[list-item]
     if not names:
         raise argparse.ArgumentTypeError(f"no op given; use one or more of {known}")
     for name in names:
@@ -70,7 +74,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sweep = parser.add_argument_group("sweep")
     sweep.add_argument("--op", type=op_list, default=None,
-                       help=f"comma-separated: {', '.join(SweepOp)} (default allreduce; with "
+                       help=f"comma-separated: {', '.join(SweepOp)}, or kvtransfer alone "
+                            "(default allreduce; with "
                             "--from-pattern, every op of the pattern)")
     sweep.add_argument("-b", "--minbytes", type=byte_size, default=None,
                        help="smallest size, e.g. 8, 8K, 1M (default 8)")
@@ -93,6 +98,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="run folder label (default sweep-BACKEND-TRANSPORT-wWORLD)")
     add_pattern_arguments(parser, required=False)
     add_run_arguments(parser)
+    from microbench.kvtransfer.replay import add_kv_replay_arguments
+    from microbench.kvtransfer.sweep import add_kv_sweep_arguments
+    add_kv_replay_arguments(parser)
+    add_kv_sweep_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -180,6 +189,9 @@ def check_backend(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.op == ["kvtransfer"]:
+        from microbench.kvtransfer.sweep import run_kv_sweep
+        return run_kv_sweep(args)
     pattern = _pattern(args)  # bad input ends here, before any process or file
     check_backend(args)
     env = dist.detect()

@@ -31,6 +31,9 @@ def add_kv_replay_arguments(parser: argparse.ArgumentParser) -> None:
                              "backend), rma (MPI one-sided Get/Put) or p2p (MPI send/recv); "
                              "rma and p2p need --backend mpi (default: rma with --backend "
                              "mpi, else nixl)")
+    parser.add_argument("--nixl-progress-thread", action="store_true",
+                        help="with --kv-transport nixl: keep NIXL's progress thread (4 "
+                             "threads, as vLLM); default: the ranks progress UCX by polling")
 
 
 def pair_descs(d: DisaggPattern) -> list[PairDescs]:
@@ -109,7 +112,7 @@ def run_rank_transfer(d: DisaggPattern, env: Any, args: argparse.Namespace) -> i
         watchdog.where = "KV transfer set-up"
         role = role_of(d, backend.rank, pair_descs(d))
         transport = open_transport(args.kv_transport, backend.rank,
-                                   getattr(backend, "comm", None))
+                                   getattr(backend, "comm", None), args.nixl_progress_thread)
         buffer = transport.allocate(role.nbytes)
         # Prefill job ranks are the prefill TP ranks (replica 0): the rank is the TP rank.
         buffer[:] = prefill_bytes(role.rank, role.nbytes) if role.side == "prefill" else 0

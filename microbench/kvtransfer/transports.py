@@ -88,6 +88,12 @@ class MpiRma:
             self.types += [ltype, rtype]
             self.ops.append((call, [buffer, 1, ltype], role.peer(pd), [0, 1, rtype]))
 
+    def clear(self) -> None:
+        """Forget the prepared pairs (a sweep prepares one case after another)."""
+        for t in self.types:
+            t.Free()
+        self.ops, self.types = [], []
+
     def transfer(self) -> None:
         if not self.ops:
             return
@@ -100,8 +106,7 @@ class MpiRma:
         return {"mpi_library": self.mpi.Get_library_version().splitlines()[0].strip()}
 
     def close(self) -> None:
-        for t in self.types:
-            t.Free()
+        self.clear()
         self.win.Free()
 
 
@@ -134,6 +139,11 @@ class MpiP2P:
                 self.ops.append(lambda d=dtype, p=pd: self.comm.Irecv(
                     [buffer, 1, d], source=p.prefill_rank, tag=p.index))
 
+    def clear(self) -> None:
+        for t in self.types:
+            t.Free()
+        self.ops, self.types = [], []
+
     def transfer(self) -> None:
         if self.ops:
             self.mpi.Request.Waitall([op() for op in self.ops])
@@ -142,8 +152,7 @@ class MpiP2P:
         return {"mpi_library": self.mpi.Get_library_version().splitlines()[0].strip()}
 
     def close(self) -> None:
-        for t in self.types:
-            t.Free()
+        self.clear()
 
 
 def import_nixl() -> Any:
@@ -167,13 +176,21 @@ class Nixl:
 
     name = "nixl"
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, rank: int, progress_thread: bool = False) -> None:
         self.api = import_nixl()
-        config = self.api.nixl_agent_config(backends=["UCX"])
+        # The engines keep NIXL's progress thread (vLLM with num_threads 4, worker.py:180);
+        # on a host with few cores it is starved (notifications took 8 ms on a 2-core VM
+        # where polling took 0.06 ms), so by default the ranks progress UCX themselves by
+        # polling, as the engines' loops also do (check_xfer_state, get_new_notifs).
+        config = (self.api.nixl_agent_config(backends=["UCX"], num_threads=4)
+                  if progress_thread else
+                  self.api.nixl_agent_config(enable_prog_thread=False, backends=["UCX"]))
+        self.progress_thread = progress_thread
         self.agent = self.api.nixl_agent(f"infercomm-{rank}", config)
         self.xfers: list[tuple[Any, np.ndarray, Any, bytes]] = []
         self.notify: list[tuple[str, bytes]] = []  # notifications without data (MLA)
         self.expected = 0
+        self.remotes: dict[bytes, str] = {}  # agent metadata -> name, added once
 
     def allocate(self, nbytes: int) -> np.ndarray:
         self.buffer = np.zeros(max(nbytes, 1), dtype=np.uint8)
@@ -191,7 +208,9 @@ class Nixl:
                 self.expected += 1  # one notification a pair, with data or without
                 continue
             meta, remote_base = peers[role.peer(pd)]
-            name = self.agent.add_remote_agent(meta)
+            if meta not in self.remotes:
+                self.remotes[meta] = self.agent.add_remote_agent(meta)
+            name = self.remotes[meta]
             if not pd.length.size:
                 self.notify.append((name, notif))
                 continue
@@ -203,6 +222,12 @@ class Nixl:
                 "NIXL_INIT_AGENT", self.agent.get_xfer_descs(ldescs, "DRAM"))
             rhandle = self.agent.prep_xfer_dlist(name, self.agent.get_xfer_descs(rdescs, "DRAM"))
             self.xfers.append((lhandle, np.arange(len(pd.length)), rhandle, notif))
+
+    def clear(self) -> None:
+        for lhandle, _, rhandle, _ in self.xfers:
+            self.agent.release_dlist_handle(lhandle)
+            self.agent.release_dlist_handle(rhandle)
+        self.xfers, self.notify, self.expected = [], [], 0
 
     def transfer(self) -> None:
         agent = self.agent
@@ -228,18 +253,21 @@ class Nixl:
         from importlib.metadata import PackageNotFoundError, version
         for dist in ("nixl", "nixl-cu12", "nixl-cu13"):
             try:
-                return {"nixl": f"{dist} {version(dist)}", "nixl_backend": "UCX"}
+                return {"nixl": f"{dist} {version(dist)}", "nixl_backend": "UCX",
+                        "nixl_progress_thread": self.progress_thread}
             except PackageNotFoundError:
                 continue
-        return {"nixl": "unknown", "nixl_backend": "UCX"}
+        return {"nixl": "unknown", "nixl_backend": "UCX",
+                "nixl_progress_thread": self.progress_thread}
 
     def close(self) -> None:
+        self.clear()
         self.agent.deregister_memory(self.registered)
 
 
-def open_transport(name: str, rank: int, comm: Any | None) -> Any:
+def open_transport(name: str, rank: int, comm: Any | None, nixl_thread: bool = False) -> Any:
     if name == "nixl":
-        return Nixl(rank)
+        return Nixl(rank, nixl_thread)
     if comm is None:
         raise UsageError(f"--kv-transport {name} issues MPI calls; use --backend mpi")
     return MpiRma(comm) if name == "rma" else MpiP2P(comm)
