@@ -65,6 +65,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                             "--gpu-memory-utilization, default 0.9)")
     group.add_argument("--format", choices=("table", "json", "csv"), default="table",
                        help="table (default), json (one document) or csv")
+    from microbench.kvtransfer.plan import add_plan_arguments
+    add_plan_arguments(group)  # --kv-sweep, --kv-sweep-inter (with --disagg)
     add_pattern_arguments(parser, layout=False)
     parser.set_defaults(run=run)
 
@@ -163,8 +165,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.gpus} GPUs at {args.gpus_per_node} per node span nodes and "
                          "the sweep has no rows across nodes; pass --sweep-inter SWEEP_RUN")
 
+    from microbench.kvtransfer.plan import COLOCATED
+
     def make_pattern(layout: Any) -> Any:
-        return pattern_from_args(argparse.Namespace(**vars(args), tp=layout.tp, pp=layout.pp,
+        return pattern_from_args(argparse.Namespace(**{**vars(args), **COLOCATED},
+                                                    tp=layout.tp, pp=layout.pp,
                                                     dp=layout.dp, ep=layout.ep,
                                                     dp_batches=None))
 
@@ -177,6 +182,12 @@ def run(args: argparse.Namespace) -> int:
                      "a GPU is listed too (--gpu-memory GIB leaves those out; memory/GPU "
                      "column)")
     doc = document(args, priced, refused, notes)
+    disagg_text = ""
+    if args.disagg is not None:  # disaggregated candidates beside (microbench/kvtransfer)
+        from microbench.kvtransfer.plan import add_disagg_plan
+        disagg_text = add_disagg_plan(doc, args, model, topology, budget, priced,
+                        None if memory is None else int(memory * share * (1 << 30)),
+                        sweep_table(sweep), sweep_table(inter) if inter else None)
     if args.format == "json":
         print(json.dumps(doc, separators=(",", ":")))
     elif args.format == "csv":
@@ -184,5 +195,5 @@ def run(args: argparse.Namespace) -> int:
         for n in notes:
             sys.stderr.write(f"infercomm plan: note: {n}\n")
     else:
-        print(table(doc, priced))
+        print(table(doc, priced) + disagg_text)
     return 0

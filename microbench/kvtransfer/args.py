@@ -32,12 +32,16 @@ def disagg_from_args(args: argparse.Namespace) -> DisaggPattern:
         model = dataclasses.replace(model, name=args.name)
     workload = Workload(prompt=args.prompt, decode=args.decode, batch=args.batch,
                         dtype=args.dtype, dp_batches=getattr(args, "dp_batches", None))
-    options = EngineOptions(eager=args.eager, max_batched_tokens=args.max_batched_tokens,
-                            control_plane=args.control_plane, gpu=args.gpu,
-                            nccl_only=args.nccl_only, model_runner=args.model_runner,
-                            max_num_seqs=args.max_num_seqs, sp=args.sp)
-    return generate_disagg(args.engine, model, parse_disagg(args.disagg), workload, options,
-                           args.connector, args.kv_cache_dtype, args.kv_block_size)
+    return generate_disagg(args.engine, model, parse_disagg(args.disagg), workload,
+                           engine_options(args), args.connector, args.kv_cache_dtype,
+                           args.kv_block_size)
+
+
+def engine_options(args: argparse.Namespace) -> EngineOptions:
+    return EngineOptions(eager=args.eager, max_batched_tokens=args.max_batched_tokens,
+                         control_plane=args.control_plane, gpu=args.gpu,
+                         nccl_only=args.nccl_only, model_runner=args.model_runner,
+                         max_num_seqs=args.max_num_seqs, sp=args.sp)
 
 
 def refuse_disagg_options(args: argparse.Namespace) -> None:

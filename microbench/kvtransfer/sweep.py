@@ -185,7 +185,9 @@ def _write(sizes: list[int], count: int, args: argparse.Namespace, gathered: lis
                      "iteration": it, "time_us": round(float(t), 3)}
                     for it, t in enumerate(times)]
     columns = list(COLUMNS)
-    if len(set(hosts)) > 1:
+    from microbench.cli.sweep import node_ids
+    nodes = node_ids(hosts, args.ranks_per_node)  # --ranks-per-node 1: two nodes
+    if len(set(nodes)) > 1:
         columns.append("level")
         for row in rows:
             row["level"] = "inter"
@@ -196,7 +198,8 @@ def _write(sizes: list[int], count: int, args: argparse.Namespace, gathered: lis
             "launcher": args.launcher, "versions": versions, "check": args.check,
             "timeout_s": args.timeout, "source": "kvtransfer", "ops": [OP], "sizes": sizes,
             "dtypes": ["uint8"], "kv_descriptors": count, "kv_direction": args.kv_direction,
-            "kv_transport": args.kv_transport, "nodes": len(set(hosts))}
+            "kv_transport": args.kv_transport, "nodes": len(set(nodes)),
+            "ranks_per_node": args.ranks_per_node}
     wrongs = [r["wrong"] for r in rows]
     summary = {**head, "wrong": None if None in wrongs else sum(wrongs), "rows": rows}
     files = {"meta.json": json_text(meta), "sweep.csv": csv_text(rows, columns),

@@ -57,9 +57,10 @@ def check_decode_fits(model: ModelConfig, disagg: DisaggLayout, memory: tuple[in
 
 def generate_disagg(engine: str, model: ModelConfig, disagg: DisaggLayout, workload: Workload,
                     options: EngineOptions, connector: str | None = None,
-                    kv_cache_dtype: str = "auto",
-                    block_tokens: int | None = None) -> DisaggPattern:
-    """Both sides' patterns and one request's KV transfer; ConfigError on bad input."""
+                    kv_cache_dtype: str = "auto", block_tokens: int | None = None,
+                    check_memory: bool = True) -> DisaggPattern:
+    """Both sides' patterns and one request's KV transfer; ConfigError on bad input
+    (check_memory: a decode side that cannot hold the batch on options.gpu)."""
     chosen = connector_of(engine, connector)
     if workload.dp_batches is not None:
         raise ConfigError("--dp-batches does not apply to --disagg; give --batch (per replica)")
@@ -69,5 +70,6 @@ def generate_disagg(engine: str, model: ModelConfig, disagg: DisaggLayout, workl
     transfer = plan_transfer(model, disagg, chosen, workload.prompt, dtype, kv_cache_dtype,
                              block_tokens)
     memory = decode_memory(model, disagg, workload, dtype, kv_cache_dtype)
-    check_decode_fits(model, disagg, memory, options.gpu)
+    if check_memory:
+        check_decode_fits(model, disagg, memory, options.gpu)
     return DisaggPattern(disagg, prefill, decode, transfer, kv_cache_dtype, memory)
