@@ -89,6 +89,23 @@ def expected_decode(role: Role, nbytes: int) -> np.ndarray:
     return expected
 
 
+def timed_transfers(transport: Any, backend: Any, warmup: int, iters: int,
+                    watchdog: Any) -> list[float]:
+    """The timing protocol: per iteration a barrier, then this rank's part of the transfer
+    between two clock reads; microseconds of the timed iterations."""
+    samples = []
+    for i in range(warmup + iters):
+        watchdog.where = f"{'warm-up' if i < warmup else 'timed'} transfer {i + 1}"
+        backend.barrier()
+        start = time.perf_counter()
+        transport.transfer()
+        elapsed = (time.perf_counter() - start) * 1e6
+        if i >= warmup:
+            samples.append(elapsed)
+        watchdog.steps += 1
+    return samples
+
+
 def _corrupt_if_asked(role: Role, buffer: np.ndarray) -> None:
     """INFERCOMM_FAULT=corrupt:RANK:kv (ranks/faults.py): the prefill rank RANK changes the
     first byte it sends before the --check transfer (the test that --check sees it)."""
@@ -117,16 +134,7 @@ def run_rank_transfer(d: DisaggPattern, env: Any, args: argparse.Namespace) -> i
         # Prefill job ranks are the prefill TP ranks (replica 0): the rank is the TP rank.
         buffer[:] = prefill_bytes(role.rank, role.nbytes) if role.side == "prefill" else 0
         transport.prepare(role, buffer, backend.allgather_object)
-        samples = []
-        for i in range(args.warmup + args.iters):
-            watchdog.where = f"{'warm-up' if i < args.warmup else 'timed'} transfer {i + 1}"
-            backend.barrier()
-            start = time.perf_counter()
-            transport.transfer()
-            elapsed = (time.perf_counter() - start) * 1e6
-            if i >= args.warmup:
-                samples.append(elapsed)
-            watchdog.steps += 1
+        samples = timed_transfers(transport, backend, args.warmup, args.iters, watchdog)
         wrong = None
         if args.check:
             watchdog.where = "--check transfer"

@@ -157,6 +157,8 @@ class MpiP2P:
 
 def import_nixl() -> Any:
     """NIXL's Python API: the `nixl` meta package's module, or nixl-cu12's/cu13's."""
+    import os
+    os.environ.setdefault("NIXL_LOG_LEVEL", "WARNING")  # its INFO lines would fill stderr
     for module in ("nixl._api", "nixl_cu12._api", "nixl_cu13._api"):
         try:
             return __import__(module, fromlist=["nixl_agent"])
