@@ -108,3 +108,14 @@ def test_kvtransfer_sweep(tmp_path, transport):
     rows = (Path(last["results_dir"]) / "sweep.csv").read_text().splitlines()
     assert rows[1].startswith("kvtransfer,1024,8,uint8,2,")
     assert rows[2].startswith("kvtransfer,16384,8,uint8,2,")
+
+
+def test_torch_send_recv_packs_each_pair(tmp_path):
+    # gloo: each prefill rank packs its pair's descriptors, one isend; the decode rank
+    # unpacks them into place (two prefill ranks fill one decode rank's heads).
+    proc = replay(tmp_path, "--backend", "torch", "--disagg", "prefill=tp2,decode=tp1",
+                  "--kv-transport", "torch")
+    assert proc.returncode == 0, proc.stderr
+    last = last_json(proc.stdout)
+    assert (last["kv_transport"], last["kv_transfer_bytes"], last["wrong"]) == \
+        ("torch", 32_768, 0)

@@ -61,7 +61,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                              "(default 1G; sizes like 500M, 4G)")
     parser.add_argument("--label", default=None, type=run_label,
                         help="run folder label (default replay-MODEL-tpTppP-BACKEND)")
-    from microbench.kvtransfer.replay import add_kv_replay_arguments
+    from microbench.kvtransfer.args import add_kv_replay_arguments
     add_kv_replay_arguments(parser)
     parser.set_defaults(run=run)
 

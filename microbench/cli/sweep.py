@@ -98,8 +98,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="run folder label (default sweep-BACKEND-TRANSPORT-wWORLD)")
     add_pattern_arguments(parser, required=False)
     add_run_arguments(parser)
-    from microbench.kvtransfer.replay import add_kv_replay_arguments
-    from microbench.kvtransfer.sweep import add_kv_sweep_arguments
+    from microbench.kvtransfer.args import add_kv_replay_arguments, add_kv_sweep_arguments
     add_kv_replay_arguments(parser)
     add_kv_sweep_arguments(parser)
     parser.set_defaults(run=run)

@@ -1,5 +1,6 @@
 """`--disagg`, `--connector`, `--kv-cache-dtype`, `--kv-block-size`: the options of a
-disaggregated deployment, shared by `pattern`, `replay` and `plan`."""
+disaggregated deployment, shared by `pattern`, `replay` and `plan`; and replay's and
+sweep's transfer options. Nothing heavy is imported here: `--help` stays fast."""
 
 import argparse
 import dataclasses
@@ -7,6 +8,9 @@ import dataclasses
 from microbench.argtypes import UsageError, positive_int
 from patterns import EngineOptions, Workload, resolve_model
 from patterns.disagg import KV_CACHE_DTYPES, DisaggPattern, generate_disagg, parse_disagg
+
+TRANSPORTS = ("nixl", "rma", "p2p", "torch")
+DEFAULT_DESCRIPTORS = 64  # sweep --op kvtransfer: descriptors a transfer
 
 
 def add_disagg_arguments(group: argparse._ArgumentGroup) -> None:
@@ -91,3 +95,24 @@ def print_disagg(args: argparse.Namespace) -> int:
                       "kv_transfer_bytes": t.total_bytes, "direction": t.direction,
                       "pairs": sum(1 for p in t.pairs if not p.dummy)}, separators=(",", ":")))
     return 0
+
+
+def add_kv_replay_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kv-transport", choices=TRANSPORTS, default=None,
+                        help="with --disagg: what moves the KV blocks: nixl (NIXL's UCX "
+                             "backend), rma (MPI one-sided Get/Put), p2p (MPI send/recv) or "
+                             "torch (torch.distributed send/recv of packed descriptors); rma "
+                             "and p2p need --backend mpi, torch --backend torch (default: rma "
+                             "with --backend mpi, else nixl)")
+    parser.add_argument("--nixl-progress-thread", action="store_true",
+                        help="with --kv-transport nixl: keep NIXL's progress thread (4 "
+                             "threads, as vLLM); default: the ranks progress UCX by polling")
+
+
+def add_kv_sweep_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("kvtransfer (--op kvtransfer)")
+    group.add_argument("--kv-descriptors", type=positive_int, default=None, metavar="K",
+                       help=f"descriptors in one transfer (default {DEFAULT_DESCRIPTORS})")
+    group.add_argument("--kv-direction", choices=("read", "write"), default="read",
+                       help="read: rank 1 pulls (vLLM's NIXL READ, default); write: rank 0 "
+                            "pushes (SGLang's WRITE)")

@@ -17,23 +17,12 @@ from typing import Any
 import numpy as np
 
 from microbench.argtypes import UsageError
-from microbench.kvtransfer.transports import TRANSPORTS, PairDescs, Role, open_transport
+from microbench.kvtransfer.transports import PairDescs, Role, open_transport
 from patterns.disagg import DisaggPattern
 
 # A descriptor list beyond this is no request of a real prompt (Llama-3.1-70B's 128K tokens
 # at SGLang's one-token slices are 40M): refused before any rank starts.
 MAX_DESCRIPTORS = 1 << 22
-
-
-def add_kv_replay_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--kv-transport", choices=TRANSPORTS, default=None,
-                        help="with --disagg: what moves the KV blocks: nixl (NIXL's UCX "
-                             "backend), rma (MPI one-sided Get/Put) or p2p (MPI send/recv); "
-                             "rma and p2p need --backend mpi (default: rma with --backend "
-                             "mpi, else nixl)")
-    parser.add_argument("--nixl-progress-thread", action="store_true",
-                        help="with --kv-transport nixl: keep NIXL's progress thread (4 "
-                             "threads, as vLLM); default: the ranks progress UCX by polling")
 
 
 def pair_descs(d: DisaggPattern) -> list[PairDescs]:
@@ -186,6 +175,9 @@ def run_disagg(args: argparse.Namespace) -> int:
     if args.kv_transport in ("rma", "p2p") and args.backend != "mpi":
         raise UsageError(f"--kv-transport {args.kv_transport} issues MPI calls; add "
                          "--backend mpi (or use --kv-transport nixl)")
+    if args.kv_transport == "torch" and args.backend != "torch":
+        raise UsageError("--kv-transport torch issues torch.distributed calls; use --backend "
+                         "torch")
     if args.backend == "nccl":
         raise UsageError("the KV transfer replay runs its control calls over --backend mpi "
                          "or torch (gloo)")

@@ -20,22 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from microbench.argtypes import UsageError, positive_int
+from microbench.argtypes import UsageError
+from microbench.kvtransfer.args import DEFAULT_DESCRIPTORS
 from microbench.kvtransfer.transports import PairDescs, Role, open_transport
 from patterns.disagg import Pair
 
 OP = "kvtransfer"
-DEFAULT_MIN, DEFAULT_MAX, DEFAULT_FACTOR, DEFAULT_DESCRIPTORS = 256, 1 << 20, 4, 64
+DEFAULT_MIN, DEFAULT_MAX, DEFAULT_FACTOR = 256, 1 << 20, 4
 MAX_BUFFER = 1 << 31  # 2 GiB a rank: K x S x 2 beyond this is refused
-
-
-def add_kv_sweep_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("kvtransfer (--op kvtransfer)")
-    group.add_argument("--kv-descriptors", type=positive_int, default=None, metavar="K",
-                       help=f"descriptors in one transfer (default {DEFAULT_DESCRIPTORS})")
-    group.add_argument("--kv-direction", choices=("read", "write"), default="read",
-                       help="read: rank 1 pulls (vLLM's NIXL READ, default); write: rank 0 "
-                            "pushes (SGLang's WRITE)")
 
 
 def sizes_of(args: argparse.Namespace) -> list[int]:
@@ -68,6 +60,9 @@ def check_args(args: argparse.Namespace) -> tuple[list[int], int]:
     if args.kv_transport in ("rma", "p2p") and args.backend != "mpi":
         raise UsageError(f"--kv-transport {args.kv_transport} issues MPI calls; add --backend "
                          "mpi (or use --kv-transport nixl)")
+    if args.kv_transport == "torch" and args.backend != "torch":
+        raise UsageError("--kv-transport torch issues torch.distributed calls; use --backend "
+                         "torch")
     if args.kv_transport == "nixl":
         from microbench.kvtransfer.transports import import_nixl
         import_nixl()

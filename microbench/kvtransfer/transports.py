@@ -1,5 +1,6 @@
 """What carries the KV blocks in a replay: NIXL (as vLLM and SGLang call it), MPI one-sided
-(a window, Get or Put: MPI's READ and WRITE), MPI send/recv, each behind one small class.
+(a window, Get or Put: MPI's READ and WRITE), MPI send/recv and torch.distributed send/recv,
+each behind one small class.
 
 Every rank holds one buffer: its side's cache of the request (kvcache.SideCache layout).
 A pair's descriptors are (prefill offset, decode offset, bytes). The initiator is the side
@@ -15,9 +16,8 @@ from typing import Any
 import numpy as np
 
 from microbench.argtypes import UsageError
+from microbench.kvtransfer.args import TRANSPORTS  # noqa: F401 (re-exported)
 from patterns.disagg import Pair
-
-TRANSPORTS = ("nixl", "rma", "p2p")
 
 
 @dataclass
@@ -155,6 +155,63 @@ class MpiP2P:
         self.clear()
 
 
+class TorchP2P:
+    """torch.distributed send/recv (gloo on CPUs, NCCL on GPUs): a pair's descriptors are
+    gathered into one contiguous buffer on the prefill rank, sent with one isend, received
+    with one irecv and scattered into place on the decode rank. The copies are part of the
+    transfer: a send/recv library moves contiguous buffers only."""
+
+    name = "torch"
+
+    def __init__(self) -> None:
+        import torch
+        import torch.distributed as dist
+        self.torch, self.dist = torch, dist
+        self.ops: list[tuple[str, int, int, np.ndarray, int, np.ndarray]] = []
+
+    def allocate(self, nbytes: int) -> np.ndarray:
+        self.buffer = np.zeros(nbytes, dtype=np.uint8)
+        return self.buffer
+
+    def prepare(self, role: Role, buffer: np.ndarray, allgather: Callable) -> None:
+        for pd in role.pairs:
+            if not pd.length.size:
+                continue
+            local, _ = role.local_remote(pd)
+            size = int(pd.length[0])  # a pair's descriptors are all alike
+            if (local % size).any() or (pd.length != size).any() or buffer.size % size:
+                raise ValueError("torch transport: descriptors not aligned to their size")
+            rows = (local // size).astype(np.int64)
+            staging = np.empty((rows.size, size), dtype=np.uint8)
+            way = "send" if role.side == "prefill" else "recv"
+            self.ops.append((way, role.peer(pd), pd.index, rows, size, staging))
+
+    def transfer(self) -> None:
+        requests, unpack = [], []
+        for way, peer, tag, rows, size, staging in self.ops:
+            view = self.buffer.reshape(-1, size)
+            tensor = self.torch.from_numpy(staging)
+            if way == "send":
+                np.take(view, rows, axis=0, out=staging)
+                requests.append(self.dist.isend(tensor, dst=peer, tag=tag))
+            else:
+                requests.append(self.dist.irecv(tensor, src=peer, tag=tag))
+                unpack.append((view, rows, staging))
+        for request in requests:
+            request.wait()
+        for view, rows, staging in unpack:
+            view[rows] = staging
+
+    def clear(self) -> None:
+        self.ops = []
+
+    def versions(self) -> dict[str, Any]:
+        return {"torch": self.torch.__version__}
+
+    def close(self) -> None:
+        self.clear()
+
+
 def import_nixl() -> Any:
     """NIXL's Python API: the `nixl` meta package's module, or nixl-cu12's/cu13's."""
     import os
@@ -270,6 +327,8 @@ class Nixl:
 def open_transport(name: str, rank: int, comm: Any | None, nixl_thread: bool = False) -> Any:
     if name == "nixl":
         return Nixl(rank, nixl_thread)
+    if name == "torch":
+        return TorchP2P()
     if comm is None:
         raise UsageError(f"--kv-transport {name} issues MPI calls; use --backend mpi")
     return MpiRma(comm) if name == "rma" else MpiP2P(comm)
