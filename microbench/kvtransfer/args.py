@@ -56,7 +56,10 @@ def refuse_disagg_options(args: argparse.Namespace) -> None:
     given = [flag for flag, value, default in (
         ("--connector", getattr(args, "connector", None), None),
         ("--kv-cache-dtype", getattr(args, "kv_cache_dtype", "auto"), "auto"),
-        ("--kv-block-size", getattr(args, "kv_block_size", None), None)) if value != default]
+        ("--kv-block-size", getattr(args, "kv_block_size", None), None),
+        ("--kv-transport", getattr(args, "kv_transport", None), None),
+        ("--nixl-progress-thread", getattr(args, "nixl_progress_thread", False), False))
+        if value != default]
     if given:
         raise UsageError(f"{', '.join(given)} describe(s) the KV transfer of --disagg "
                          "prefill=LAYOUT,decode=LAYOUT; add --disagg or drop them")
