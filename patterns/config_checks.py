@@ -156,7 +156,8 @@ def _check_int(raw: dict[str, object], field: str, where: str, least: int) -> No
         raise ConfigError(f"{where}: {field} is {_show(value)}; it must be an integer "
                           f">= {least}")
     if value < least:
-        raise ConfigError(f"{where}: {field} is {value}; it must be >= {least}")
+        wanted = "a positive integer" if least == 1 else f">= {least}"
+        raise ConfigError(f"{where}: {field} is {value}; it must be {wanted}")
 
 
 def _show(value: object) -> str:

@@ -55,8 +55,8 @@ def test_fields_of_the_wrong_type_are_named(tmp_path, capsys, field, value, word
     ({"num_experts": 8}, ("8 experts but no num_experts_per_tok",)),
     ({"num_key_value_heads": 8}, ("num_key_value_heads(8) exceeds num_attention_heads(4)",)),
     ({"num_key_value_heads": 3}, ("num_key_value_heads(3) does not divide",)),
-    ({"intermediate_size": -5}, ("intermediate_size is -5", ">= 1")),
-    ({"max_position_embeddings": -1}, ("max_position_embeddings is -1", ">= 1")),
+    ({"intermediate_size": -5}, ("intermediate_size is -5", "a positive integer")),
+    ({"max_position_embeddings": -1}, ("max_position_embeddings is -1", "a positive integer")),
     ({"model_type": "mamba"}, ("model_type 'mamba' has no attention + MLP layers",)),
 ])
 def test_values_no_model_can_have_are_refused(tmp_path, capsys, fields, words):
