@@ -19,7 +19,7 @@ from microbench import __version__
 
 # Environment variables that change what a communication library does.
 _ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "UCX_", "MPIR_CVAR_", "MPICH_", "OMPI_MCA_",
-                 "PMIX_MCA_", "PRTE_MCA_", "GLOO_", "FI_", "I_MPI_", "CUDA_VISIBLE_DEVICES",
+                 "PMIX_MCA_", "PRTE_MCA_", "GLOO_", "FI_", "I_MPI_", "NIXL_", "CUDA_VISIBLE_DEVICES",
                  "OMP_NUM_THREADS", "SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_NTASKS",
                  "SLURM_NNODES", "MASTER_ADDR", "MASTER_PORT")
 
