@@ -34,6 +34,10 @@ def run(args: argparse.Namespace) -> int:
         from microbench.kvtransfer.args import print_disagg
         return print_disagg(args)
     pattern = pattern_from_args(args)
+    from patterns.workload.steps import WorkloadPattern
+    if isinstance(pattern, WorkloadPattern):  # --requests: steps and per-request figures
+        from microbench.views.workload import print_workload
+        return print_workload(pattern, args.format)
     if args.format == "json":
         print(json.dumps(pattern_document(pattern, with_steps=args.steps),
                          separators=(",", ":")))

@@ -34,9 +34,10 @@ def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True
     group.add_argument("--a2a", choices=A2A_MODES, default=A2A_MODES[0],
                        help="MoE token exchange under --dp --ep: vLLM's default "
                             "allgather_reducescatter, or alltoall (DeepEP-style kernels)")
-    group.add_argument("--prompt", type=positive_int, required=required,
+    # Without --requests, pattern_from_args asks for --prompt and --decode itself.
+    group.add_argument("--prompt", type=positive_int, required=False,
                        help="prompt length Sp, tokens per request")
-    group.add_argument("--decode", type=positive_int, required=required,
+    group.add_argument("--decode", type=positive_int, required=False,
                        help="output length Sd, tokens per request including the one the "
                             "prefill samples (Sd-1 decode steps)")
     group.add_argument("--batch", type=positive_int, default=1,
@@ -73,22 +74,30 @@ def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True
                             "reduce-scatter and an all-gather)")
     from microbench.kvtransfer.args import add_disagg_arguments
     add_disagg_arguments(group)
+    from microbench.cli.workload_args import add_workload_arguments
+    add_workload_arguments(group)
 
 
 def pattern_from_args(args: argparse.Namespace) -> Pattern:
     """Build the pattern; raises ConfigError with a one-line message on bad input."""
     from microbench.kvtransfer.args import refuse_disagg_options
     refuse_disagg_options(args)  # --disagg is its own deployment (microbench/kvtransfer)
+    from microbench.cli import workload_args as wl  # --requests, --speculative-config
+    wl.refuse_workload_options(args)
+    if not wl.wants_workload(args):
+        wl.require_prompt_decode(args)
     model = resolve_model(args.model)
     if getattr(args, "name", None):
         model = dataclasses.replace(model, name=args.name)
     layout = Layout(tp=args.tp, pp=args.pp, dp=args.dp, ep=args.ep)
-    workload = Workload(prompt=args.prompt, decode=args.decode, batch=args.batch,
-                        dtype=args.dtype, dp_batches=args.dp_batches)
     check_a2a(args.a2a)
     options = EngineOptions(eager=args.eager, max_batched_tokens=args.max_batched_tokens,
                             control_plane=args.control_plane, gpu=args.gpu,
                             nccl_only=args.nccl_only, model_runner=args.model_runner,
                             max_num_seqs=args.max_num_seqs, sp=args.sp, a2a=args.a2a)
+    if wl.wants_workload(args):
+        return wl.workload_from_args(args, options)
+    workload = Workload(prompt=args.prompt, decode=args.decode, batch=args.batch,
+                        dtype=args.dtype, dp_batches=args.dp_batches)
     return generate(args.engine, model, layout, workload, options)
 

@@ -1,0 +1,105 @@
+"""The options of a request workload (`--requests`) and of speculative decoding, shared by
+`pattern`, `replay`, `predict` and `plan` through `pattern_args`."""
+
+import argparse
+import math
+from typing import TYPE_CHECKING
+
+from microbench.argtypes import UsageError
+from patterns import EngineOptions, Layout, resolve_model
+
+if TYPE_CHECKING:
+    from patterns.workload.steps import WorkloadPattern
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text} must be a positive number")
+    return value
+
+
+def add_workload_arguments(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--requests", default=None, metavar="FILE|poisson:...",
+                       help="a request workload instead of one batch: an Azure trace .csv "
+                            "(TIMESTAMP,ContextTokens,GeneratedTokens), a Mooncake or plain "
+                            ".jsonl ({\"arrival_s\": 0.0, \"prompt\": 100, \"output\": 3}), or "
+                            "poisson:rate=R,count=N,prompt=P|LO..HI,output=O|LO..HI,seed=S; the "
+                            "engine's scheduler turns it into mixed prefill/decode steps")
+    group.add_argument("--step-time-ms", type=_positive_float, default=None,
+                       help="with --requests: the time of one engine step (compute is not "
+                            "modelled), which turns arrival times into steps; needed unless "
+                            "every request arrives at 0")
+    group.add_argument("--mixed-chunk", action="store_true",
+                       help="sglang with --requests: --enable-mixed-chunk (decodes ride in "
+                            "prefill steps)")
+    group.add_argument("--speculative-config", default=None, metavar="JSON",
+                       help="vllm: speculative decoding, vLLM's flag: '{\"method\": "
+                            "\"mtp\"|\"eagle\"|\"eagle3\"|\"ngram\", \"num_speculative_tokens\": "
+                            "K}'")
+    group.add_argument("--acceptance-length", type=_positive_float, default=None,
+                       help="with --speculative-config: mean tokens a verify step yields "
+                            "(1 .. K+1)")
+    group.add_argument("--acceptance-rate", default=None, metavar="R1,...,RK",
+                       help="with --speculative-config: per-position acceptance rates as vLLM "
+                            "logs them (instead of --acceptance-length)")
+
+
+def wants_workload(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "requests", None) or getattr(args, "speculative_config", None))
+
+
+def workload_from_args(args: argparse.Namespace, options: EngineOptions) -> "WorkloadPattern":
+    """The WorkloadPattern of --requests (or of one batch under --speculative-config)."""
+    from patterns.speculative import parse_spec
+    from patterns.workload.engines import workload_pattern
+    from patterns.workload.requests import Request, read_requests
+    spec = None
+    if args.speculative_config is not None:
+        spec = parse_spec(args.speculative_config, args.acceptance_length, args.acceptance_rate)
+    elif args.acceptance_length is not None or args.acceptance_rate is not None:
+        raise UsageError("--acceptance-length / --acceptance-rate go with --speculative-config")
+    if args.requests:
+        given = [f for f, v in (("--prompt", args.prompt), ("--decode", args.decode))
+                 if v is not None] + (["--batch"] if args.batch != 1 else [])
+        if given:
+            raise UsageError(f"--requests gives each request's prompt and output; drop "
+                             f"{', '.join(given)}")
+        requests = read_requests(args.requests)
+        source = args.requests
+    else:  # one batch of identical requests, all arriving at 0
+        require_prompt_decode(args)
+        requests = [Request(0.0, args.prompt, args.decode)] * args.batch
+        source = f"batch {args.batch} x prompt {args.prompt}, decode {args.decode}"
+    if args.dp_batches is not None:
+        raise UsageError("--dp-batches does not go with --requests or --speculative-config "
+                         "(one replica)")
+    model = resolve_model(args.model)
+    if getattr(args, "name", None):
+        from dataclasses import replace
+        model = replace(model, name=args.name)
+    layout = Layout(tp=args.tp, pp=args.pp, dp=args.dp, ep=args.ep)
+    return workload_pattern(args.engine, model, layout, requests, args.dtype, options,
+                            None if args.step_time_ms is None else args.step_time_ms / 1e3,
+                            spec, source, args.mixed_chunk)
+
+
+def require_prompt_decode(args: argparse.Namespace) -> None:
+    missing = [f for f, v in (("--prompt", args.prompt), ("--decode", args.decode))
+               if v is None]
+    if missing:
+        raise UsageError(f"the following arguments are required: {', '.join(missing)} (or "
+                         "--requests FILE|poisson:...)")
+
+
+def refuse_workload_options(args: argparse.Namespace) -> None:
+    """Workload-only options given without --requests / --speculative-config."""
+    if wants_workload(args):
+        return
+    for flag in ("--step-time-ms", "--mixed-chunk", "--acceptance-length", "--acceptance-rate"):
+        if getattr(args, flag[2:].replace("-", "_"), None):
+            raise UsageError(f"{flag} goes with --requests (or --speculative-config for "
+                             "--acceptance-*)")

@@ -1,0 +1,157 @@
+"""Speculative decoding in vLLM V1: the target's verify steps and the drafter's passes.
+
+`--speculative-config '{"method": "mtp"|"eagle"|"eagle3"|"ngram", "num_speculative_tokens": k}'`
+(vLLM's own flag and keys) and the mean tokens a verify step yields (`--acceptance-length`,
+vLLM's "mean acceptance length", 1 + accepted drafts / drafts) or the per-position
+acceptance rates vLLM logs (`--acceptance-rate r1,r2,...`, r_i the share of steps whose
+draft i was accepted, so the length is 1 + sum r_i).
+
+What vLLM does (vllm-project/vllm; `config/speculative.py: use_eagle()` is True for eagle,
+eagle3 and mtp, so one `EagleProposer` drafts for all three):
+- the scheduler gives each decoding request 1 + k tokens a step (num_tokens_with_spec,
+  `v1/core/sched/scheduler.py` @ 00024d31), and the target computes logits for each of them
+  (the verify rows), so its logits all-gather is [P + D(1 + k), V/tp];
+- `v1/spec_decode/eagle.py` @ 008603a3, `EagleProposer.propose()`: after every target step
+  the drafter runs once over the step's tokens (num_tokens, padded by `pad_for_cudagraph`
+  when at most max_cudagraph_capture_size), then `compute_logits` of the last token of each
+  of the B scheduled requests ("sample_hidden_states = last_hidden_states[
+  last_token_indices]"): a TP all-gather [B, V/tp]; with k = 1 it returns there ("Early
+  exit if there is only one draft token"); else k - 1 more passes of B tokens (padded the
+  same way) each with its own logits all-gather [B, V/tp];
+- each drafter pass is a small model on the target's TP group: the vocab-parallel
+  embedding's all-reduce, then per draft layer the attention o_proj all-reduce and the MLP's
+  (DeepSeek-V3's MTP block is one MoE decoder layer, `models/deepseek_mtp.py`: embed_tokens,
+  eh_proj (replicated), mtp_block, shared_head; EAGLE heads one Llama layer,
+  `models/llama_eagle.py`, `llama_eagle3.py`), and its lm_head's all-gather; eagle3 heads
+  may carry their own vocabulary (`draft_vocab_size`, give it in the JSON);
+- ngram proposes on the CPU: no drafter collectives;
+- CUDA graphs (`config/vllm.py: _set_cudagraph_sizes`): the largest capture size is
+  min(max_num_seqs x (1 + k) x 2, 512, max_num_batched_tokens), and
+  `config/compilation.py: adjust_cudagraph_sizes_for_spec_decode` rounds every size up to
+  a multiple of 1 + k (dropping those above the largest; [1 + k] when none is left).
+Each all-reduce takes the target's transport rule (`transports.vllm_allreduce`).
+SGLang's EAGLE worker (`speculative/eagle_worker.py`) is not modelled here.
+"""
+
+import json
+import math
+from dataclasses import dataclass
+from itertools import pairwise
+
+from patterns.engines.stage import Stage, pad_to
+from patterns.errors import ConfigError
+from patterns.models import ModelConfig
+from patterns.ops import Op, OpKind
+from patterns.vllm_rules import V1_MAX_CAPTURE, padded_vocab
+from patterns.workload.schedule import StepShape
+
+METHODS = ("mtp", "eagle", "eagle3", "ngram")
+# Models with MTP layers vLLM drafts from (`num_nextn_predict_layers` in their config).
+MTP_MODEL_TYPES = frozenset({"deepseek_v3", "deepseek_v32"})
+EAGLE_MODEL_TYPES = frozenset({"llama"})
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    method: str
+    k: int  # num_speculative_tokens
+    acceptance_length: float  # mean tokens a verify step yields, 1 .. k + 1
+    draft_vocab: int | None = None  # eagle3 heads with their own vocabulary
+    draft_layers: int = 1
+
+
+def parse_spec(text: str, acceptance_length: float | None,
+               acceptance_rate: str | None) -> SpecConfig:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--speculative-config is not JSON ({e.msg}); want "
+                          '\'{"method": "eagle", "num_speculative_tokens": 3}\'') from None
+    if not isinstance(obj, dict):
+        raise ConfigError("--speculative-config must be a JSON object")
+    method, k = obj.get("method"), obj.get("num_speculative_tokens")
+    unknown = set(obj) - {"method", "num_speculative_tokens", "draft_vocab_size", "model"}
+    if unknown:
+        raise ConfigError(f"--speculative-config: {', '.join(sorted(unknown))} not modelled; "
+                          "keys are method, num_speculative_tokens, draft_vocab_size")
+    if method not in METHODS:
+        raise ConfigError(f"--speculative-config method {method!r} is not modelled; use one of "
+                          f"{', '.join(METHODS)}")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 16:
+        raise ConfigError(f"num_speculative_tokens {k!r} must be an integer from 1 to 16")
+    vocab = obj.get("draft_vocab_size")
+    if vocab is not None and (method != "eagle3" or isinstance(vocab, bool)
+                              or not isinstance(vocab, int) or not 1 <= vocab <= 10_000_000):
+        raise ConfigError("draft_vocab_size is an eagle3 head's own vocabulary: a positive "
+                          "integer with method eagle3")
+    return SpecConfig(method, k, _acceptance(k, acceptance_length, acceptance_rate), vocab)
+
+
+def _acceptance(k: int, length: float | None, rates: str | None) -> float:
+    if (length is None) == (rates is None):
+        raise ConfigError("speculative decoding needs one of --acceptance-length (mean tokens a "
+                          "verify step yields) or --acceptance-rate r1,...,rk")
+    if rates is not None:
+        try:
+            values = [float(r) for r in rates.split(",")]
+        except ValueError:
+            raise ConfigError(f"--acceptance-rate {rates!r}: comma-separated numbers") from None
+        if len(values) != k or not all(0 <= v <= 1 for v in values) or any(
+                b > a for a, b in pairwise(values)):
+            raise ConfigError(f"--acceptance-rate {rates}: {k} rates in [0, 1], not increasing "
+                              "(draft i is accepted only after draft i-1)")
+        return 1 + sum(values)
+    assert length is not None
+    if not (math.isfinite(length) and 1 <= length <= k + 1):
+        raise ConfigError(f"--acceptance-length {length} must be between 1 and "
+                          f"num_speculative_tokens + 1 = {k + 1}")
+    return length
+
+
+def check_spec_model(spec: SpecConfig, model: ModelConfig, engine: str) -> None:
+    if engine != "vllm":
+        raise ConfigError(f"--speculative-config is modelled for engine vllm, not {engine}")
+    if spec.method == "mtp" and model.model_type not in MTP_MODEL_TYPES:
+        raise ConfigError(f"method mtp drafts from the model's own MTP layers; {model.name} "
+                          f"({model.model_type}) has none modelled: use deepseek-v3, or eagle")
+    if spec.method in ("eagle", "eagle3") and model.model_type not in EAGLE_MODEL_TYPES:
+        raise ConfigError(f"method {spec.method}: EAGLE heads are modelled for Llama models, not "
+                          f"{model.name} ({model.model_type}); use mtp or ngram")
+
+
+def spec_capture_sizes(max_num_seqs: int, max_batched_tokens: int, k: int) -> list[int]:
+    q = 1 + k
+    cap = min(max_num_seqs * q * 2, V1_MAX_CAPTURE, max_batched_tokens)
+    sizes = [s for s in [1, 2, 4, *range(8, 256, 8), *range(256, cap + 1, 16)] if s <= cap]
+    if max_batched_tokens <= cap:
+        sizes.append(max_batched_tokens)
+    rounded = sorted({r for r in (-(-s // q) * q for s in sizes) if r <= cap})
+    return rounded or ([q] if q <= cap else [])
+
+
+def _pass(st: Stage, spec: SpecConfig, tokens: int, rows: int, index: int) -> list[Op]:
+    from patterns.engines.vllm import _allreduce
+    tag = f"draft.{index}"
+    ops = [_allreduce(st, tokens, f"{tag}.embed_tokens")]
+    mlp = "mlp.experts" if spec.method == "mtp" else "mlp.down_proj"
+    for layer in range(spec.draft_layers):
+        ops.append(_allreduce(st, tokens, f"{tag}.layers.{layer}.self_attn.o_proj"))
+        ops.append(_allreduce(st, tokens, f"{tag}.layers.{layer}.{mlp}"))
+    vocab = padded_vocab(spec.draft_vocab or st.model.vocab_size)
+    shard = vocab // st.tp
+    ops.append(st.tp_op(OpKind.ALLGATHER, (rows, shard), (rows, shard * st.tp),
+                        f"{tag}.logits"))
+    return ops
+
+
+def drafter_ops(st: Stage, spec: SpecConfig, shape: StepShape, step_tokens: int,
+                sizes: list[int]) -> list[Op]:
+    """The drafter's calls after a target step of `step_tokens` (padded) tokens."""
+    if spec.method == "ngram" or st.tp == 1:
+        return []
+    rows = shape.prefill_seqs + shape.decode_seqs  # B: every scheduled request
+    ops = _pass(st, spec, step_tokens, rows, 0)
+    later = pad_to(sizes, rows) if sizes and rows <= sizes[-1] else rows
+    for i in range(1, spec.k):
+        ops += _pass(st, spec, later, rows, i)
+    return ops

@@ -1,0 +1,119 @@
+"""Each engine's calls for one scheduled step of a workload, and the pattern of a workload.
+
+vLLM V1 (`patterns/engines/vllm.py`, its sources there): a step of T tokens over R
+scheduled requests issues `forward(T_pad, rows)` with T_pad the capture size T pads to
+(`vllm_rules.v1_capture_sizes`, `config/vllm.py: _set_cudagraph_sizes`); the logits are
+all-gathered for every scheduled request, partial prefills included, and for 1 + k
+positions of each request under speculative decoding (the verify rows).
+SGLang (`patterns/engines/sglang.py`): extend and mixed steps padded to its prefill token
+ladder, decode steps to its decode graph sizes; the decode graph all-gathers the logits of
+every padded row.
+"""
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from patterns.engines import sglang as sglang_profile
+from patterns.engines import vllm as vllm_profile
+from patterns.engines.stage import Stage, pad_to
+from patterns.errors import ConfigError
+from patterns.layout import Layout
+from patterns.models import ModelConfig
+from patterns.ops import Op
+from patterns.pattern import EngineOptions
+from patterns.speculative import SpecConfig, check_spec_model, drafter_ops, spec_capture_sizes
+from patterns.vllm_rules import v1_capture_sizes, v1_defaults
+from patterns.workload.requests import Request
+from patterns.workload.schedule import StepShape
+from patterns.workload.scheduler_sglang import schedule_sglang
+from patterns.workload.scheduler_vllm import schedule_vllm
+from patterns.workload.steps import (
+    StepGraph,
+    WorkloadPattern,
+    build_pattern,
+    check_workload_layout,
+    padded,
+)
+
+
+def logit_rows(shape: StepShape) -> int:
+    """Rows the step computes logits for: one per prefill request, 1 + k per decode."""
+    return shape.prefill_seqs + shape.decode_seqs * shape.decode_tokens
+
+
+def vllm_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request],
+                  dtype: str | None, options: EngineOptions, step_time_s: float | None,
+                  spec: SpecConfig | None, source: str) -> WorkloadPattern:
+    default_seqs, default_budget = v1_defaults(options.gpu)
+    max_seqs = options.max_num_seqs or default_seqs
+    budget = options.max_batched_tokens or default_budget
+    k = spec.k if spec else 0
+    sizes = [] if options.eager else (spec_capture_sizes(max_seqs, budget, k) if spec
+                                      else v1_capture_sizes(max_seqs, budget))
+    runner = options.model_runner or vllm_profile.default_model_runner(model)
+    options = replace(options, model_runner=runner)
+    vllm_profile._check_kv_heads(model, layout.tp)
+    schedule = schedule_vllm(requests, step_time_s, max_seqs, budget, k,
+                             spec.acceptance_length if spec else 1.0)
+
+    def step_ops(st: Stage, shape: StepShape) -> tuple[StepGraph, list[Op]]:
+        graph = padded(sizes, shape.tokens, uniform_decode=shape.prefill_seqs == 0)
+        ops = vllm_profile.forward(st, graph.tokens, logit_rows(shape))
+        if spec is not None:
+            ops += drafter_ops(st, spec, shape, graph.tokens, sizes)
+        return graph, ops
+
+    return build_pattern("vllm", model, layout, requests, dtype, options, schedule, step_ops,
+                         source, spec.method if spec else "")
+
+
+def sglang_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request],
+                    dtype: str | None, options: EngineOptions, step_time_s: float | None,
+                    spec: SpecConfig | None, source: str, mixed: bool) -> WorkloadPattern:
+    if spec is not None:
+        raise ConfigError("--speculative-config with --engine sglang is not modelled; use "
+                          "--engine vllm")
+    budget = options.max_batched_tokens or sglang_profile.chunked_prefill_size(options.gpu)
+    schedule = schedule_sglang(requests, step_time_s, budget, mixed, options.max_num_seqs)
+    prefill_sizes = [] if options.eager else sglang_profile.prefill_graph_sizes(
+        min(budget, 2048) if model.mla else budget)
+    decode_sizes = [] if options.eager else sglang_profile.decode_graph_sizes(layout.tp,
+                                                                              options.gpu)
+
+    def step_ops(st: Stage, shape: StepShape) -> tuple[StepGraph, list[Op]]:
+        rows = logit_rows(shape)
+        ctrl = sglang_profile._control(st)
+        if shape.prefill_seqs:
+            graph = (StepGraph(pad_to(prefill_sizes, shape.tokens), "piecewise")
+                     if prefill_sizes and shape.tokens <= prefill_sizes[-1]
+                     else StepGraph(shape.tokens, "eager"))
+            return graph, ctrl + sglang_profile.forward(st, graph.tokens, rows)
+        if decode_sizes and shape.tokens <= decode_sizes[-1]:
+            graph = StepGraph(pad_to(decode_sizes, shape.tokens), "full")
+            # Under the graph the logits cover every padded row.
+            return graph, ctrl + sglang_profile.forward(st, graph.tokens, rows, graph.tokens)
+        return StepGraph(shape.tokens, "eager"), ctrl + sglang_profile.forward(
+            st, shape.tokens, rows)
+
+    # max_num_seqs is SGLang's --max-running-requests here (the scheduler reads it).
+    return build_pattern("sglang", model, layout, requests, dtype,
+                         replace(options, max_num_seqs=None), schedule, step_ops, source)
+
+
+def workload_pattern(engine: str, model: ModelConfig, layout: Layout,
+                     requests: Sequence[Request], dtype: str | None, options: EngineOptions,
+                     step_time_s: float | None, spec: SpecConfig | None = None,
+                     source: str = "", mixed_chunk: bool = False) -> WorkloadPattern:
+    """The pattern of a request workload under `engine`'s scheduler."""
+    check_workload_layout(engine, layout)
+    layout.check_model(model)
+    if spec is not None:
+        check_spec_model(spec, model, engine)
+    if mixed_chunk and engine != "sglang":
+        raise ConfigError("--mixed-chunk is SGLang's --enable-mixed-chunk; vLLM always mixes "
+                          "prefill chunks and decodes; use it with --engine sglang")
+    if engine == "vllm":
+        return vllm_workload(model, layout, requests, dtype, options, step_time_s, spec,
+                             source)
+    return sglang_workload(model, layout, requests, dtype, options, step_time_s, spec, source,
+                           mixed_chunk)

@@ -1,0 +1,114 @@
+"""A request workload as a pattern: the scheduled steps, each with the calls its token count
+gives under the engine's own rules (transports included), run-length folded.
+
+Each distinct step shape is turned into calls once (`functools.cache` on the shape), so the
+cost of a pattern is that of its distinct shapes and segments, not of its steps.
+Only one engine replica is modelled (dp 1) and pp 1: vLLM and SGLang keep pp batches in
+flight at once under pipeline parallelism (vLLM's batch queue), which a lock-step
+step list does not describe.
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+
+from patterns.engines import ENGINE_INFO, _check_options
+from patterns.engines.stage import Stage, pad_to, stages
+from patterns.errors import ConfigError
+from patterns.layout import Layout, Workload
+from patterns.models import ModelConfig
+from patterns.ops import Op, Step
+from patterns.pattern import EngineOptions, Pattern, Run
+from patterns.workload.requests import Request
+from patterns.workload.schedule import Schedule, StepShape
+
+WORKLOAD_ENGINES = ("vllm", "sglang")
+NOT_MODELLED = {
+    "vllm-v0": "vLLM V0 was removed from vLLM; use --engine vllm",
+    "trtllm": "TRT-LLM's in-flight batching (its capacity and micro-batch schedulers) is not "
+              "modelled; use --engine vllm or sglang",
+    "megatron": "Megatron-LM's static inference batches take no request stream; use --engine "
+                "vllm or sglang",
+}
+
+
+@dataclass(frozen=True)
+class StepGraph:
+    """How a step runs: its padded token count and whether under a CUDA graph."""
+
+    tokens: int  # T the calls carry
+    graph: str  # "full", "piecewise" or "eager"
+
+
+@dataclass(frozen=True)
+class WorkloadPattern(Pattern):
+    """A pattern whose runs are a request workload's scheduled steps, in order."""
+
+    schedule: Schedule | None = None
+    requests: tuple[Request, ...] = ()
+    source: str = ""  # the --requests argument
+    step_graphs: tuple[StepGraph, ...] = ()  # per segment of `schedule`
+    segment_steps: tuple[Step, ...] = ()  # per segment: the step its calls make (shared)
+    spec: str = ""  # the speculative method, "" when none
+
+
+def check_workload_layout(engine: str, layout: Layout) -> None:
+    if engine not in WORKLOAD_ENGINES:
+        raise ConfigError(f"--requests with engine {engine}: "
+                          f"{NOT_MODELLED.get(engine, 'not modelled; use vllm or sglang')}")
+    if layout.pp > 1 or layout.dp > 1:
+        raise ConfigError(f"--requests models one engine replica at pp 1 (here pp({layout.pp}),"
+                          f" dp({layout.dp})): engines keep several batches in flight under PP "
+                          "and route requests between DP replicas; use --pp 1 --dp 1")
+
+
+def shell_workload(requests: Sequence[Request], dtype: str | None) -> Workload:
+    """The Workload a workload pattern carries for code that reads one: the longest prompt
+    and output, one request (the steps themselves are the schedule's)."""
+    return Workload(prompt=max(r.prompt for r in requests),
+                    decode=max(r.output for r in requests), batch=1, dtype=dtype)
+
+
+def build_pattern(engine: str, model: ModelConfig, layout: Layout, requests: Sequence[Request],
+                  dtype: str | None, options: EngineOptions, schedule: Schedule,
+                  step_ops: Callable[[Stage, StepShape], tuple[StepGraph, list[Op]]],
+                  source: str, spec: str = "") -> WorkloadPattern:
+    """`step_ops(stage, shape)`: the engine's graph decision and calls for one step shape."""
+    longest = max(requests, key=lambda r: r.prompt + r.output)
+    model.check_sequence(longest.prompt, longest.output)
+    workload = shell_workload(requests, dtype or model.default_dtype)
+    _check_options(ENGINE_INFO[engine], options)
+    from patterns.vllm_rules import stage_layer_counts
+    st = stages(model, layout, workload, options,
+                stage_layer_counts(model.num_hidden_layers, layout.pp))[0]
+
+    @cache
+    def of(shape: StepShape) -> tuple[StepGraph, tuple[Op, ...]]:
+        graph, ops = step_ops(st, shape)
+        return graph, tuple(ops)
+
+    runs: list[Run] = []
+    graphs: list[StepGraph] = []
+    steps: list[Step] = []
+    for seg in schedule.segments:
+        graph, ops = of(seg.shape)
+        graphs.append(graph)
+        step = Step(ops, graph.tokens, seg.shape.samples)
+        steps.append(step)
+        if runs and runs[-1].phase == seg.shape.phase and runs[-1].step == step:
+            runs[-1] = Run(seg.shape.phase, step, runs[-1].repeat + seg.repeat)
+        else:
+            runs.append(Run(seg.shape.phase, step, seg.repeat))
+    return WorkloadPattern(engine=engine, model=model, layout=layout, workload=workload,
+                           options=options, stages=(tuple(runs),), schedule=schedule,
+                           requests=tuple(requests), source=source,
+                           step_graphs=tuple(graphs), segment_steps=tuple(steps), spec=spec)
+
+
+def padded(sizes: list[int], tokens: int, uniform_decode: bool) -> StepGraph:
+    """vLLM V1 (FULL_AND_PIECEWISE, `docs/design/cuda_graphs.md`, `v1/cudagraph_dispatcher.py`):
+    uniform decode batches (every request 1 or 1 + k tokens) replay a full graph, others a
+    piecewise one, both padded to the next capture size; above the largest, eager."""
+    if not sizes or tokens > sizes[-1]:
+        return StepGraph(tokens, "eager")
+    return StepGraph(pad_to(sizes, tokens), "full" if uniform_decode else "piecewise")
