@@ -78,6 +78,8 @@ def pattern_or_trace(args: argparse.Namespace) -> Pattern:
         from patterns.traces import read_traces
         from patterns.traces.to_pattern import trace_pattern
         return trace_pattern(read_traces(args.trace))
+    if getattr(args, "requests", None) and args.model is not None:
+        return pattern_from_args(args)  # a request workload: prompts and outputs are its own
     if len(named) < 3:
         raise UsageError("the following arguments are required: --model, --prompt, --decode "
                          "(or --trace FILE... to replay a trace)")

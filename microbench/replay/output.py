@@ -81,6 +81,8 @@ def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.
     if ops_csv is not None and ops_error is None:
         files["ops.csv"] = ops_csv  # streamed there by op_samples.gather_to_csv
     label = args.label or default_label(pattern, backend.name)
+    from microbench.replay.workload import workload_times
+    summary["workload"] = workload_times(pattern, ranks)  # --requests: per-request figures
     files["summary.json"] = json_text(summary)
     folder, summary["write_error"] = write_run_or_keep(args.out, label, files)
     if ops_error is not None and summary["write_error"] is None:
@@ -93,11 +95,16 @@ def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.
     if text:
         print(text)
     print(replay_table(summary, header_title(pattern)))
+    if summary["workload"] is not None:
+        from microbench.replay.workload import workload_lines
+        print("\n".join(workload_lines(summary["workload"])))
     last_keys = ["backend", "transport", "device", "world_size", "model", "engine", "tp", "pp",
                  "dp", "ep", "prompt", "decode", "batch", "dtype", "iterations", "timing",
                  "prefill_us", "decode_step_us", "decode_step_p99_us", "e2e_us",
                  "calls_per_inference", "wrong", "results_dir"]
     summary["last_line"] = {k: summary[k] for k in last_keys}
+    if summary["workload"] is not None:
+        summary["last_line"]["workload"] = summary["workload"]
     return summary
 
 

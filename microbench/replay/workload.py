@@ -1,0 +1,74 @@
+"""Replay of a request workload: each measured step's time handed to the requests it serves.
+
+Per step the slowest rank's duration, median over the timed inferences (one inference =
+every scheduled step of the workload once); per request the sum over the steps of its
+prefill chunks (communication under its TTFT) and the mean over its decode steps (under its
+TPOT); p50 / p90 / p99 over requests, as `patterns.workload.metrics` takes them.
+"""
+
+from typing import Any
+
+import numpy as np
+
+from microbench.replay.aggregate import step_durations
+from microbench.replay.replayer import RankSamples
+from patterns.ops import Phase
+from patterns.pattern import Pattern
+from patterns.workload.metrics import PERCENTILES, percentile
+
+
+def _decode_mask(pattern: Any) -> np.ndarray:
+    mask = np.zeros(pattern.schedule.steps, dtype=bool)
+    for seg in pattern.schedule.segments:
+        if seg.shape.phase == Phase.DECODE:
+            mask[seg.start:seg.start + seg.repeat] = True
+    return mask
+
+
+def workload_times(pattern: Pattern, ranks: list[RankSamples]) -> dict[str, Any] | None:
+    """The per-request figures of a workload replay; None for any other pattern."""
+    schedule = getattr(pattern, "schedule", None)
+    if schedule is None:
+        return None
+    if ranks[0].level == "inference":
+        return {"note": "per-request figures need --timing step or op"}
+    per_step = np.median(np.max([step_durations(r) for r in ranks], axis=0), axis=0)
+    if per_step.size != schedule.steps:  # the plan and the schedule disagree: a bug
+        raise AssertionError(f"{per_step.size} timed steps for {schedule.steps} scheduled")
+    cum = np.concatenate([[0.0], np.cumsum(per_step)])
+    decode = _decode_mask(pattern)
+    cum_d = np.concatenate([[0.0], np.cumsum(np.where(decode, per_step, 0.0))])
+    n_d = np.concatenate([[0], np.cumsum(decode)])
+    ttft, tpot = [], []
+    for span in schedule.spans:
+        a, b = span.prefill
+        ttft.append(float(cum[b] - cum[a]))
+        c, d = span.decode
+        if d <= c:
+            continue
+        if schedule.decode_in_mixed:
+            tpot.append(float(cum[d] - cum[c]) / (d - c))
+        elif n_d[d] > n_d[c]:
+            tpot.append(float(cum_d[d] - cum_d[c]) / float(n_d[d] - n_d[c]))
+    return {"requests": len(schedule.spans), "steps": schedule.steps,
+            "ttft_comm_us": {f"p{p}": _round(percentile(ttft, p)) for p in PERCENTILES},
+            "tpot_comm_us": {f"p{p}": _round(percentile(tpot, p)) for p in PERCENTILES},
+            "step_us_median": _round(float(np.median(per_step)))}
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)
+
+
+def workload_lines(figures: dict[str, Any]) -> list[str]:
+    if "note" in figures:
+        return [f"workload: {figures['note']}"]
+    head = "".join(f"{'p' + str(p):>12}" for p in PERCENTILES)
+    lines = [f"per request ({figures['requests']} requests, {figures['steps']} steps; each "
+             "step's slowest rank, median over inferences):", f"{'':<34}{head}"]
+    for key, name in (("ttft_comm_us", "communication under TTFT (us)"),
+                      ("tpot_comm_us", "communication per TPOT step (us)")):
+        cells = "".join(f"{'-' if v is None else f'{v:.1f}':>12}"
+                        for v in figures[key].values())
+        lines.append(f"{name:<34}{cells}")
+    return lines

@@ -1,0 +1,130 @@
+"""`--requests` from the command line: the trace readers, bad input (one line, exit 2, before
+any work), and a workload's steps replayed over gloo and MPI with --check."""
+
+from collections import Counter
+
+import pytest
+
+from patterns import ConfigError
+from patterns.workload.requests import Request, read_requests
+from tests.replay_helpers import infercomm, last_json, needs_mpi, read_csv, tiny_model
+
+
+def test_azure_csv(tmp_path):
+    # AzureLLMInferenceTrace_conv.csv's header and TIMESTAMP format (7 fractional digits).
+    f = tmp_path / "azure.csv"
+    f.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                 "2023-11-16 18:15:46.6805900,374,44\n"
+                 "2023-11-16 18:15:50.9951690,396,109\n")
+    # 50.9951690 - 46.6805900 = 4.314579 s after the first line.
+    assert read_requests(str(f)) == [Request(0.0, 374, 44), Request(4.314579, 396, 109)]
+
+
+def test_mooncake_and_plain_jsonl(tmp_path):
+    moon = tmp_path / "mooncake.jsonl"  # timestamp in ms; hash_ids ignored
+    moon.write_text('{"timestamp": 27482, "input_length": 6955, "output_length": 52, '
+                    '"hash_ids": [46, 47]}\n{"timestamp": 0, "input_length": 10, '
+                    '"output_length": 1, "hash_ids": []}\n')
+    # Sorted by arrival: 0 ms first, then 27482 ms = 27.482 s.
+    assert read_requests(str(moon)) == [Request(0.0, 10, 1), Request(27.482, 6955, 52)]
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text('{"arrival_s": 0.5, "prompt": 100, "output": 3}\n\n')
+    assert read_requests(str(plain)) == [Request(0.5, 100, 3)]
+
+
+def test_poisson_is_seeded_and_starts_at_zero():
+    a = read_requests("poisson:rate=100,count=50,prompt=10..20,output=4,seed=3")
+    assert a == read_requests("poisson:rate=100,count=50,prompt=10..20,output=4,seed=3")
+    assert len(a) == 50 and a[0].arrival_s == 0.0
+    assert all(10 <= r.prompt <= 20 and r.output == 4 for r in a)
+    assert a != read_requests("poisson:rate=100,count=50,prompt=10..20,output=4,seed=4")
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("poisson:rate=1,count=2000000,prompt=1,output=1", "more than 1,000,000 requests"),
+    ("poisson:rate=1,count=2,prompt=1000000000000,output=1", "between 1 and 100,000,000"),
+    ("poisson:rate=0,count=2,prompt=1,output=1", "positive number"),
+    ("poisson:rate=1,count=2,prompt=1", "missing output"),
+])
+def test_bad_generators_refused(spec, words):
+    with pytest.raises(ConfigError, match=words):
+        read_requests(spec)
+
+
+BASE = ["pattern", "--model", "llama-3.1-8b", "--tp", "2"]
+
+
+@pytest.mark.parametrize("line, extra, words", [
+    ('{"arrival_s": 0, "prompt": 10}', [], "missing output"),
+    ('{"arrival_s": 0, "prompt": 1000000000000, "output": 1}', [], "between 1 and"),
+    ("not json", [], "not JSON"),
+    ('{"arrival_s": 1.5, "prompt": 10, "output": 2}', [], "give --step-time-ms"),
+    ('{"arrival_s": 0, "prompt": 10, "output": 2}', ["--prompt", "8"], "drop --prompt"),
+    ('{"arrival_s": 0, "prompt": 10, "output": 2}', ["--engine", "trtllm"],
+     "in-flight batching"),
+    ('{"arrival_s": 0, "prompt": 10, "output": 2}', ["--pp", "2"], "use --pp 1 --dp 1"),
+    ('{"arrival_s": 0, "prompt": 200000, "output": 2}', [], "max_position_embeddings"),
+])
+def test_bad_input_one_line_exit_2(tmp_path, line, extra, words):
+    f = tmp_path / "w.jsonl"
+    f.write_text(line + "\n")
+    proc, _ = infercomm(*BASE, "--requests", str(f), *extra)
+    assert proc.returncode == 2, proc.stderr
+    assert words in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stdout == ""
+
+
+def test_step_time_without_requests_refused():
+    proc, _ = infercomm(*BASE, "--prompt", "8", "--decode", "2", "--step-time-ms", "5")
+    assert proc.returncode == 2 and "goes with --requests" in proc.stderr
+
+
+# The workload replayed below: the tiny model (h 64, 4 layers, vocab 1000) at TP2, vLLM V1,
+# budget 32, max_num_seqs 4, step time 10 ms.
+# A (0 s, prompt 40, output 3), B (0 s, 10, 4), C (30 ms -> clock step 3, 20, 2):
+# step 0: A 32 of 40 (the budget)          T 32
+# step 1: A's last 8 + B's 10              T 18 (both sample)
+# step 2: A, B decode                      T 2 (the run stops at C's arrival)
+# step 3: A, B decode + C's 20             T 22 (A's last token)
+# step 4: B, C decode                      T 2 (both end)
+# Every step: 1 + 2 x 4 = 9 all-reduces and 1 logits all-gather: 5 steps -> 45 + 5 calls.
+WORKLOAD = ('{"arrival_s": 0.0, "prompt": 40, "output": 3}\n'
+            '{"arrival_s": 0.0, "prompt": 10, "output": 4}\n'
+            '{"arrival_s": 0.03, "prompt": 20, "output": 2}\n')
+
+
+def test_pattern_json_of_the_workload(tmp_path):
+    f = tmp_path / "w.jsonl"
+    f.write_text(WORKLOAD)
+    proc, _ = infercomm("pattern", "--model", tiny_model(tmp_path), "--tp", "2", "--requests",
+                        str(f), "--step-time-ms", "10", "--max-batched-tokens", "32",
+                        "--max-num-seqs", "4", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    doc = last_json(proc.stdout)
+    assert [(r["first_step"], r["repeat"], r["tokens"]) for r in doc["step_rows"]] == [
+        (0, 1, 32), (1, 1, 18), (2, 1, 2), (3, 1, 22), (4, 1, 2)]
+    assert [r["calls"] for r in doc["step_rows"]] == [10] * 5
+    # C's TTFT is step 3 alone: 9 all-reduces of 22 x 64 x 2 B = 25,344 B plus the logits
+    # all-gather's input [3 rows, 1024/2] x 2 B = 3,072 B -> 28,416 B.
+    assert doc["per_request"][2]["ttft_bytes"] == 28_416
+    assert doc["per_request"][2]["waited_steps"] == 0
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("mpi", marks=needs_mpi)])
+def test_replay_workload_with_check(tmp_path, backend):
+    f = tmp_path / "w.jsonl"
+    f.write_text(WORKLOAD)
+    proc, _ = infercomm("replay", "--model", tiny_model(tmp_path), "--tp", "2", "--requests",
+                        str(f), "--step-time-ms", "10", "--max-batched-tokens", "32",
+                        "--max-num-seqs", "4", "--backend", backend, "-n", "2", "-w", "1",
+                        "--timing", "op", "--check", "--out", str(tmp_path / "res"),
+                        "--timeout", "60")
+    assert proc.returncode == 0, proc.stderr
+    line = last_json(proc.stdout)
+    assert (line["wrong"], line["calls_per_inference"]) == (0, 50)
+    assert line["workload"]["requests"] == 3 and line["workload"]["steps"] == 5
+    assert all(v > 0 for v in line["workload"]["ttft_comm_us"].values())
+    ops = read_csv(tmp_path / "res" / line["results_dir"].split("/")[-1] / "ops.csv")
+    for rank in ("0", "1"):
+        issued = Counter(r["op"] for r in ops if r["iteration"] == "0" and r["rank"] == rank)
+        assert issued == Counter(allreduce=45, allgather=5)
