@@ -5,7 +5,13 @@ import json
 from typing import Any
 
 from microbench.views.textfmt import format_bytes
-from patterns.workload.metrics import PERCENTILES, RequestFigures, request_figures, summary
+from patterns.workload.metrics import (
+    PERCENTILES,
+    RequestFigures,
+    percentile,
+    request_figures,
+    summary,
+)
 from patterns.workload.steps import WorkloadPattern
 
 MAX_TEXT_ROWS = 40  # step rows printed in the table; json and csv carry every one
@@ -49,7 +55,16 @@ def workload_summary(p: WorkloadPattern) -> dict[str, Any]:
             "ttft_bytes": summary(per["bytes"])["ttft"],
             "tpot_bytes": summary(per["bytes"])["tpot"],
             "ttft_calls": summary(per["calls"])["ttft"],
-            "tpot_calls": summary(per["calls"])["tpot"]}
+            "tpot_calls": summary(per["calls"])["tpot"],
+            "decode_bytes_per_token": {f"p{q}": percentile(per_token(p, per["bytes"]), q)
+                                       for q in PERCENTILES}}
+
+
+def per_token(p: WorkloadPattern, figs: list[RequestFigures]) -> list[float]:
+    """Decode communication per output token after the first: TPOT's per step, times the
+    steps, over the tokens they yield (several a step under speculative decoding)."""
+    return [f.tpot * f.decode_steps / (r.output - 1)
+            for r, f in zip(p.requests, figs, strict=True) if f.tpot is not None]
 
 
 def workload_document(p: WorkloadPattern) -> dict[str, Any]:
@@ -57,7 +72,10 @@ def workload_document(p: WorkloadPattern) -> dict[str, Any]:
     requests = [{"arrival_s": r.arrival_s, "prompt": r.prompt, "output": r.output,
                  "waited_steps": b.waited_steps, "ttft_steps": b.ttft_steps,
                  "ttft_bytes": b.ttft, "ttft_calls": c.ttft,
-                 "decode_steps": b.decode_steps, "tpot_bytes": b.tpot, "tpot_calls": c.tpot}
+                 "decode_steps": b.decode_steps, "tpot_bytes": b.tpot, "tpot_calls": c.tpot,
+                 # per output token after the first: with speculation a step yields several
+                 "decode_bytes_per_token": (b.tpot * b.decode_steps / (r.output - 1)
+                                            if b.tpot is not None else None)}
                 for r, b, c in zip(p.requests, per["bytes"], per["calls"], strict=True)]
     return {**workload_summary(p), "model": p.model.name, "tp": p.layout.tp,
             "step_rows": step_rows(p), "per_request": requests}
@@ -65,7 +83,7 @@ def workload_document(p: WorkloadPattern) -> dict[str, Any]:
 
 def _pct_row(name: str, values: dict[str, float | None], fmt: Any) -> str:
     cells = [fmt(values[f"p{q}"]) if values[f"p{q}"] is not None else "-" for q in PERCENTILES]
-    return f"  {name:<28}" + "".join(f"{c:>14}" for c in cells)
+    return f"  {name:<30}" + "".join(f"{c:>14}" for c in cells)
 
 
 def workload_text(p: WorkloadPattern) -> str:
@@ -87,11 +105,13 @@ def workload_text(p: WorkloadPattern) -> str:
     if len(rows) > MAX_TEXT_ROWS:
         lines.append(f"  ... {len(rows) - MAX_TEXT_ROWS} more runs (--format json lists all)")
     lines += ["", "per request (one rank; TTFT: its prefill-chunk steps summed; TPOT: per "
-              "decode step)", f"  {'':<28}" + "".join(f"{'p' + str(q):>14}" for q in PERCENTILES),
+              "decode step)", f"  {'':<30}" + "".join(f"{'p' + str(q):>14}" for q in PERCENTILES),
               _pct_row("TTFT bytes", s["ttft_bytes"], format_bytes),
               _pct_row("TTFT calls", s["ttft_calls"], lambda v: f"{v:.1f}"),
               _pct_row("TPOT bytes per step", s["tpot_bytes"], format_bytes),
-              _pct_row("TPOT calls per step", s["tpot_calls"], lambda v: f"{v:.1f}")]
+              _pct_row("TPOT calls per step", s["tpot_calls"], lambda v: f"{v:.1f}"),
+              _pct_row("decode bytes per output token", s["decode_bytes_per_token"],
+                       format_bytes)]
     return "\n".join(lines)
 
 

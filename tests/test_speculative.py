@@ -1,0 +1,134 @@
+"""Hand-computed speculative-decoding cells: DeepSeek-V3 MTP k=1 and Llama-3.1-8B EAGLE k=3
+at TP4 and TP8, per verify step and per output token.
+
+Rules (vllm-project/vllm): the scheduler gives a decoding request 1 + k tokens a step
+(`v1/core/sched/scheduler.py` @ 00024d31, num_tokens_with_spec) and the target computes
+logits for each (the verify rows); `v1/spec_decode/eagle.py` @ 008603a3
+`EagleProposer.propose()` runs the drafter once over the step's tokens, gathers the logits
+of the last token of each request (`compute_logits(sample_hidden_states)`), returns there
+when k == 1 ("Early exit if there is only one draft token"), else runs k - 1 more passes of
+B tokens, each padded by `pad_for_cudagraph` and each with its own logits all-gather.
+Capture sizes (`config/vllm.py _set_cudagraph_sizes`, `config/compilation.py
+adjust_cudagraph_sizes_for_spec_decode`): cap = min(1024 x (1 + k) x 2, 512, 8192) = 512,
+sizes rounded up to multiples of 1 + k: k=1 -> 2, 4, 8, ...; k=3 -> 4, 8, 16, ...
+One request, prompt 16, output 9 (8 tokens after the prefill's).
+"""
+
+import pytest
+
+from microbench.views.workload import workload_document
+from patterns import ConfigError, EngineOptions, Layout, OpKind, Transport, resolve_model
+from patterns.speculative import parse_spec, spec_capture_sizes
+from patterns.workload.engines import workload_pattern
+from patterns.workload.requests import Request
+
+
+def verify_step(model: str, spec: str, accept: float, tp: int):
+    s = parse_spec(spec, accept, None)
+    p = workload_pattern("vllm", resolve_model(model), Layout(tp=tp), [Request(0, 16, 9)],
+                         None, EngineOptions(), None, s)
+    _prefill, decode = p.schedule.segments
+    return p, decode.repeat, p.segment_steps[1], p.step_graphs[1]
+
+
+def per_output_token(pattern) -> float:
+    """The request's decode bytes per output token after the first, as `pattern
+    --format json` reports it (per_request.decode_bytes_per_token)."""
+    return workload_document(pattern)["per_request"][0]["decode_bytes_per_token"]
+
+
+MTP1 = '{"method": "mtp", "num_speculative_tokens": 1}'
+EAGLE3 = '{"method": "eagle", "num_speculative_tokens": 3}'
+
+
+@pytest.mark.parametrize("tp, shard, step_bytes, per_token", [
+    # DeepSeek-V3: h 7168, 61 layers (3 dense + 58 MoE, each one MLP all-reduce at dp 1),
+    # vocab 129280 (a multiple of 64). A verify step: T = 1 + 1 = 2 (capture size 2).
+    # Target: 1 embed + 61 x 2 = 123 all-reduces [2, 7168] + logits all-gather [2, V/tp].
+    # MTP pass (one, k = 1): embed, o_proj, MoE experts all-reduces [2, 7168] + logits
+    # all-gather [1, V/tp]. All-reduce input 2 x 7168 x 2 B = 28,672 B; 126 of them =
+    # 3,612,672 B.
+    # TP4: shard 129280/4 = 32320: + 2 x 32320 x 2 = 129,280 + 1 x 32320 x 2 = 64,640
+    #      -> 3,806,592 B a verify step.
+    # Per output token: 5 verify steps carry the 8 tokens after the first ->
+    # 5 x 3,806,592 / 8 = 2,379,120 B (at the mean, 3,806,592 / 1.8 = 2,114,773.3 B).
+    (4, 32320, 3_806_592, 2_379_120),
+    # TP8: shard 16160: + 64,640 + 32,320 -> 3,709,632 B; 5 x 3,709,632 / 8 = 2,318,520 B.
+    (8, 16160, 3_709_632, 2_318_520),
+])
+def test_deepseek_v3_mtp_k1(tp, shard, step_bytes, per_token):
+    p, steps, step, graph = verify_step("deepseek-v3", MTP1, 1.8, tp)
+    assert (graph.tokens, graph.graph) == (2, "full")
+    # 8 tokens after the prefill at 1.8 a step: ceil(8 / 1.8) = ceil(4.44) = 5 verify steps.
+    assert steps == 5
+    ars = [o for o in step.ops if o.kind == OpKind.ALLREDUCE]
+    gathers = [(o.tag, o.shape) for o in step.ops if o.kind == OpKind.ALLGATHER]
+    assert len(ars) == 126 and {o.shape for o in ars} == {(2, 7168)}
+    assert sum(o.tag.startswith("draft.0.") for o in ars) == 3
+    assert gathers == [("logits", (2, shard)), ("draft.0.logits", (1, shard))]
+    assert len(step.ops) == 128
+    assert sum(o.bytes for o in step.ops) == step_bytes
+    assert per_output_token(p) == per_token
+    # 28,672 B is under the 2 MiB (TP4) / 512 KiB (TP8) FlashInfer fusion limit on H100.
+    assert {o.transport for o in ars} == {Transport.FUSED_ALLREDUCE_RMSNORM}
+
+
+@pytest.mark.parametrize("tp, shard, step_bytes, per_token", [
+    # Llama-3.1-8B: h 4096, 32 layers, vocab 128256. A verify step: T = 1 + 3 = 4 (capture
+    # size 4). Target: 1 + 2 x 32 = 65 all-reduces [4, 4096] + logits all-gather [4, V/tp].
+    # EAGLE head (one Llama layer): pass 0 over the step's 4 tokens; passes 1 and 2 over
+    # B = 1 token padded to the smallest capture size, 4: each pass embed, o_proj and
+    # down_proj all-reduces [4, 4096] + logits all-gather [1, V/tp].
+    # All-reduces: 65 + 3 x 3 = 74 of 4 x 4096 x 2 B = 32,768 B -> 2,424,832 B.
+    # TP4: shard 32064: target 4 x 32064 x 2 = 256,512; drafter 3 x 64,128 = 192,384
+    #      -> 2,873,728 B a verify step.
+    # Per output token: 4 verify steps for 8 tokens -> 4 x 2,873,728 / 8 = 1,436,864 B.
+    (4, 32064, 2_873_728, 1_436_864),
+    # TP8: shard 16032: 128,256 + 3 x 32,064 = 96,192 -> 2,649,280 B; x 4 / 8 = 1,324,640.
+    (8, 16032, 2_649_280, 1_324_640),
+])
+def test_llama_eagle_k3(tp, shard, step_bytes, per_token):
+    p, steps, step, graph = verify_step("llama-3.1-8b", EAGLE3, 2.5, tp)
+    assert (graph.tokens, graph.graph) == (4, "full")
+    assert steps == 4  # ceil(8 / 2.5) = ceil(3.2) = 4 verify steps
+    ars = [o for o in step.ops if o.kind == OpKind.ALLREDUCE]
+    gathers = [(o.tag, o.shape) for o in step.ops if o.kind == OpKind.ALLGATHER]
+    assert len(ars) == 74 and {o.shape for o in ars} == {(4, 4096)}
+    assert gathers == [("logits", (4, shard))] + [(f"draft.{i}.logits", (1, shard))
+                                                  for i in range(3)]
+    assert len(step.ops) == 78
+    assert sum(o.bytes for o in step.ops) == step_bytes
+    assert per_output_token(p) == per_token
+
+
+def test_capture_sizes_round_up_to_multiples_of_1_plus_k():
+    # max_num_seqs 4, budget 64, k 1: cap = min(4 x 2 x 2, 512, 64) = 16; base sizes
+    # [1, 2, 4, 8, 16] rounded up to multiples of 2 -> [2, 4, 8, 16].
+    assert spec_capture_sizes(4, 64, 1) == [2, 4, 8, 16]
+    # k 2: cap = min(4 x 3 x 2, 512, 64) = 24; [1, 2, 4, 8, 16, 24] -> multiples of 3:
+    # 3, 3, 6, 9, 18, 24 -> [3, 6, 9, 18, 24].
+    assert spec_capture_sizes(4, 64, 2) == [3, 6, 9, 18, 24]
+
+
+def test_acceptance_rates_give_the_length():
+    # vLLM's per-position rates 0.8, 0.5, 0.2: mean length 1 + 0.8 + 0.5 + 0.2 = 2.5.
+    assert parse_spec(EAGLE3, None, "0.8,0.5,0.2").acceptance_length == pytest.approx(2.5)
+
+
+@pytest.mark.parametrize("spec, length, rate, words", [
+    ('{"method": "medusa", "num_speculative_tokens": 2}', 2.0, None, "not modelled"),
+    (EAGLE3, 4.5, None, "between 1 and"),
+    (EAGLE3, None, None, "needs one of"),
+    (EAGLE3, None, "0.5,0.8,0.1", "not increasing"),
+    ("{", 2.0, None, "not JSON"),
+])
+def test_bad_spec_refused(spec, length, rate, words):
+    with pytest.raises(ConfigError, match=words):
+        parse_spec(spec, length, rate)
+
+
+def test_mtp_needs_mtp_layers():
+    s = parse_spec(MTP1, 1.5, None)
+    with pytest.raises(ConfigError, match="MTP layers"):
+        workload_pattern("vllm", resolve_model("llama-3.1-8b"), Layout(tp=2),
+                         [Request(0, 8, 4)], None, EngineOptions(), None, s)
