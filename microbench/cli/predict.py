@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         replay, pattern, measured = measured_medians(args.against)
     if args.model is not None:
         missing = [f"--{n}" for n in ("prompt", "decode") if getattr(args, n) is None]
-        if missing:
+        if missing and not args.requests:  # a workload brings its own prompts and outputs
             raise UsageError(f"the pattern needs {', '.join(missing)}")
         pattern = pattern_from_args(args)
     if pattern is None:
@@ -117,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
     topology = topology_from(sweep_table(sweep), sweep_table(inter) if inter else None,
                              args.ranks_per_node)
     predicted, notes = predict_pattern(pattern, topology)
+    from microbench.analysis.workload import predict_workload, workload_lines
+    workload = predict_workload(pattern, topology)  # --requests: per-request figures
     warnings = caveats(sweep.meta, pattern, replay.meta if replay is not None else None)
     warnings += unstable_sizes(sweep_table(sweep))  # analysis/fits.py: UNSTABLE_FACTOR
     for w in warnings:
@@ -139,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
         *([f"inter-node fits from {inter.path} ({inter.describe()})"] if inter else []),
         "", fits_table(topology), "",
         render_table(header, rows, right_align=set(header) - {"metric"}),
+        *(["", *workload_lines(workload)] if workload else []),
         *[f"note: {n}" for n in [*dropped, *notes]],
         *[f"WARNING: {w}" for w in warnings]]))
     last: dict[str, Any] = {"sweep": str(sweep.path), "model": pattern.model.name,
@@ -151,6 +154,8 @@ def run(args: argparse.Namespace) -> int:
                                      for level, f in all_fits(topology)],
                             "levels_used": sorted(topology.used),
                             "notes": [*dropped, *notes], "warnings": warnings}
+    if workload is not None:
+        last["workload"] = workload
     if inter is not None:
         last["sweep_inter"] = str(inter.path)
         last["ranks_per_node"] = args.ranks_per_node

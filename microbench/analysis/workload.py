@@ -1,0 +1,52 @@
+"""predict and plan over a request workload: each scheduled step priced from a sweep, and per
+request the predicted communication under its TTFT and TPOT (p50 / p90 / p99).
+
+A workload runs at pp 1 on one replica (patterns/workload/steps.py), so a step's
+communication is its calls back to back on one stage: the sum of their fitted times, as
+`analysis.predict.simulate` adds them at pp 1. The step time that turns arrivals into steps
+is the user's `--step-time-ms`; predict prices communication only and does not supply it.
+"""
+
+from typing import Any
+
+from microbench.analysis.fits import Topology
+from microbench.analysis.predict import Costs
+from patterns.pattern import Pattern
+from patterns.workload.metrics import PERCENTILES, request_figures, summary
+
+
+def step_times_us(pattern: Any, topology: Topology) -> list[float]:
+    """Predicted communication of one step of each segment of the schedule."""
+    costs = Costs(pattern, topology)
+    return [sum(costs.of(0, 0, op).busy_us for op in step.ops)
+            for step in pattern.segment_steps]
+
+
+def predict_workload(pattern: Pattern, topology: Topology) -> dict[str, Any] | None:
+    """Per-request figures of a workload pattern; None for any other pattern."""
+    schedule = getattr(pattern, "schedule", None)
+    if schedule is None:
+        return None
+    per_step = step_times_us(pattern, topology)
+    figs = request_figures(schedule, lambda i: per_step[i])
+    pct = summary(figs)
+    total = sum(t * seg.repeat for t, seg in zip(per_step, schedule.segments, strict=True))
+    return {"requests": len(schedule.spans), "steps": schedule.steps,
+            "all_steps_us": round(total, 3),
+            "ttft_comm_us": {k: _r(v) for k, v in pct["ttft"].items()},
+            "tpot_comm_us": {k: _r(v) for k, v in pct["tpot"].items()}}
+
+
+def _r(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)
+
+
+def workload_lines(w: dict[str, Any]) -> list[str]:
+    head = "".join(f"{'p' + str(p):>12}" for p in PERCENTILES)
+    lines = [f"per request ({w['requests']} requests, {w['steps']} steps, all steps "
+             f"{w['all_steps_us'] / 1e3:.3f} ms of communication):", f"{'':<36}{head}"]
+    for key, name in (("ttft_comm_us", "communication under TTFT (us)"),
+                      ("tpot_comm_us", "communication per TPOT step (us)")):
+        lines.append(f"{name:<36}" + "".join(
+            f"{'-' if v is None else f'{v:.1f}':>12}" for v in w[key].values()))
+    return lines
