@@ -36,3 +36,26 @@ def test_predict_prices_each_request(tmp_path):
     assert w["ttft_comm_us"]["p90"] == pytest.approx(261.437, abs=1e-3)
     assert w["tpot_comm_us"]["p50"] == pytest.approx(129.541, abs=1e-3)
     assert "communication under TTFT" in proc.stdout
+
+
+def test_plan_over_a_workload(tmp_path):
+    # The same workload and fits on 2 GPUs: TP2 is priced as above; PP2 and DP2 are left out
+    # (a workload is one replica at pp 1). Plan ranks by the p90 over requests:
+    # TTFT p90 261.437 us; TPOT sorted 120.496, 129.541, 134.064 -> rank 1.8:
+    # 129.5413 + 0.8 x (134.064 - 129.5413) = 133.159 us; end to end all steps 678.512 us.
+    sweep = fake_sweep(tmp_path / "sweep", {"allreduce": (10.0, 0.001),
+                                            "allgather": (20.0, 0.002)})
+    f = tmp_path / "w.jsonl"
+    f.write_text(WORKLOAD)
+    proc, _ = infercomm("plan", "--sweep", str(sweep), "--model", tiny_model(tmp_path),
+                        "--gpus", "2", "--gpus-per-node", "2", "--requests", str(f),
+                        "--step-time-ms", "10", "--max-batched-tokens", "32",
+                        "--max-num-seqs", "4", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    doc = last_json(proc.stdout)
+    [best] = doc["layouts"]
+    assert (best["tp"], best["pp"], best["dp"]) == (2, 1, 1)
+    assert best["prefill_us"] == pytest.approx(261.437, abs=1e-3)
+    assert best["decode_step_us"] == pytest.approx(133.159, abs=1e-3)
+    assert best["e2e_us"] == pytest.approx(678.512, abs=1e-3)
+    assert len(doc["refused"]) == 2 and all("pp 1" in r for r in doc["refused"])

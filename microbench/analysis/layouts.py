@@ -131,6 +131,8 @@ def price(pattern: Pattern, shape: Shape, topology: Topology, budget: Budget,
                  "the times are one replica's communication (the slowest), the volume the "
                  "deployment's, and each replica serves its own batch"]
     prefill, step = predicted["prefill_us"], predicted.get("decode_step_us", 0.0)
+    from microbench.analysis.workload import plan_figures
+    prefill, step, predicted = plan_figures(pattern, topology, prefill, step, predicted)
     return Priced(shape, prefill, step, predicted["e2e_us"],
                   as_number(volume_bytes(pattern)["total"]), budget.met(prefill, step),
                   "inter" in topology.used, tuple(notes), *memory)

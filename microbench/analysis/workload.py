@@ -50,3 +50,15 @@ def workload_lines(w: dict[str, Any]) -> list[str]:
         lines.append(f"{name:<36}" + "".join(
             f"{'-' if v is None else f'{v:.1f}':>12}" for v in w[key].values()))
     return lines
+
+
+def plan_figures(pattern: Pattern, topology: Topology, prefill: float, step: float,
+                 predicted: dict[str, float]) -> tuple[float, float, dict[str, float]]:
+    """What `plan` ranks a layout by. Over a workload (--requests): the p90 over requests
+    of the communication under TTFT and per TPOT step, and all its steps' communication end
+    to end; any other pattern keeps its prefill, decode step and end to end."""
+    w = predict_workload(pattern, topology)
+    if w is None:
+        return prefill, step, predicted
+    return (w["ttft_comm_us"]["p90"] or 0.0, w["tpot_comm_us"]["p90"] or 0.0,
+            {**predicted, "e2e_us": w["all_steps_us"]})

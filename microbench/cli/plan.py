@@ -92,7 +92,8 @@ def document(args: argparse.Namespace, priced: list[Any], refused: list[str],
             "budget_ttft_ms": args.budget_ttft_ms, "budget_tpot_ms": args.budget_tpot_ms,
             "gpu_memory_gib": args.gpu_memory,
             "gpu_memory_utilization": args.gpu_memory_utilization, "scope": SCOPE,
-            "layouts": [p.as_dict() for p in priced], "refused": refused, "notes": notes}
+            "layouts": [p.as_dict() for p in priced], "refused": refused, "notes": notes,
+            "requests": getattr(args, "requests", None)}
 
 
 def table(doc: dict[str, Any], priced: list[Any]) -> str:
@@ -112,9 +113,12 @@ def table(doc: dict[str, Any], priced: list[Any]) -> str:
         rows.append(row)
     budgets = [f"{name} {doc[key]} ms" for name, key in
                (("TTFT", "budget_ttft_ms"), ("TPOT", "budget_tpot_ms")) if doc[key] is not None]
+    what = (f"prompt {doc['prompt']}, decode {doc['decode']}, batch {doc['batch']}"
+            if not doc.get("requests") else f"requests {doc['requests']} (prefill, decode "
+            "step: p90 over requests of the communication under TTFT and per TPOT step)")
     lines = [f"plan: {doc['model']} on {doc['gpus']} GPUs ({doc['gpus_per_node']} per node), "
-             f"prompt {doc['prompt']}, decode {doc['decode']}, batch {doc['batch']}, engine "
-             f"{doc['engine']}" + (f"; budget {', '.join(budgets)}" if budgets else ""),
+             f"{what}, engine {doc['engine']}" + (f"; budget {', '.join(budgets)}" if budgets
+                                                  else ""),
              f"from sweep {doc['sweep']}" + (f", inter-node sweep {doc['sweep_inter']}"
                                               if doc["sweep_inter"] else ""),
              SCOPE, "",
