@@ -12,6 +12,7 @@ every padded row.
 
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import cache
 
 from patterns.engines import sglang as sglang_profile
 from patterns.engines import vllm as vllm_profile
@@ -56,9 +57,18 @@ def vllm_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request
     schedule = schedule_vllm(requests, step_time_s, max_seqs, budget, k,
                              spec.acceptance_length if spec else 1.0)
 
+    @cache
+    def model_ops(st: Stage, tokens: int) -> tuple[Op, ...]:
+        """The calls a step of T tokens makes, its logits one row (set per step below):
+        built once per T, since every other call follows T alone."""
+        return tuple(vllm_profile.forward(st, tokens, 1))
+
     def step_ops(st: Stage, shape: StepShape) -> tuple[StepGraph, list[Op]]:
         graph = padded(sizes, shape.tokens, uniform_decode=shape.prefill_seqs == 0)
-        ops = vllm_profile.forward(st, graph.tokens, logit_rows(shape))
+        ops = list(model_ops(st, graph.tokens))
+        if ops and ops[-1].tag == "logits":  # R rows: every scheduled request's (verify) rows
+            rows, shard = logit_rows(shape), ops[-1].shape[1]
+            ops[-1] = replace(ops[-1], shape=(rows, shard), out_shape=(rows, shard * st.tp))
         if spec is not None:
             ops += drafter_ops(st, spec, shape, graph.tokens, sizes)
         return graph, ops

@@ -21,12 +21,14 @@ token counts a step), and the priority policy.
 
 Cost: a step is simulated one by one only while the batch changes (a prompt chunk, an
 arrival, a request finishing); a run of equal decode steps is one jump of
-min(steps left of the running requests, steps to the next arrival). Generation is
-O(requests x running) and does not grow with output lengths.
+min(steps left of the running requests, steps to the next arrival). Each decoding request's
+last step is known when its prompt ends, so a jump costs O(log running): generation is
+O((requests + runs) log requests) and does not grow with output lengths.
 """
 
 from collections import deque
 from collections.abc import Sequence
+from heapq import heappop, heappush
 
 from patterns.errors import ConfigError
 from patterns.workload.requests import Request
@@ -48,6 +50,10 @@ def schedule_vllm(requests: Sequence[Request], step_time_s: float | None, max_nu
     `spec_tokens` k and `accepted` (mean tokens a verify step yields, 1 <= a <= k + 1): each
     decode step of a request verifies 1 + k tokens, and a request needs
     ceil((output - 1) / a) of them.
+
+    RUNNING is kept as what the schedule needs of it: the decoding requests (each scheduled
+    every step, since max_num_seqs x (1 + k) fits the budget: a heap of the issued step
+    each leaves at) and at most one request whose prompt is cut, last in RUNNING order.
     """
     per_decode = 1 + spec_tokens
     if max_num_seqs * per_decode > max_batched_tokens:
@@ -56,56 +62,58 @@ def schedule_vllm(requests: Sequence[Request], step_time_s: float | None, max_nu
                           "be left out of a step (not modelled); raise --max-batched-tokens")
     arrivals = arrival_steps(requests, step_time_s)
     spans = [Span(a) for a in arrivals]
-    # RUNNING entries: [request index, prompt tokens left, decode steps left]
-    running: list[list[int]] = []
+    decoders: list[tuple[int, int]] = []  # heap of (issued step it is gone at, request)
+    partial: tuple[int, int] | None = None  # (request, prompt tokens left)
     waiting: deque[int] = deque()
     out = SegmentList()
     clock, nxt, n = 0, 0, len(requests)
-    while nxt < n or waiting or running:
+    while True:
+        i = out.next
+        while decoders and decoders[0][0] <= i:  # sampled its last token in step i - 1
+            heappop(decoders)
         while nxt < n and arrivals[nxt] <= clock:
             waiting.append(nxt)
-            spans[nxt].waited_steps = -out.next  # completed when it first runs
+            spans[nxt].waited_steps = -i  # completed when it first runs
             nxt += 1
-        if not running and not waiting:
-            clock = arrivals[nxt]
-            continue
-        budget = max_batched_tokens
-        chunks: list[tuple[list[int], int]] = []
-        decodes: list[list[int]] = []
-        for entry in running:
-            if budget <= 0:
+        if not (decoders or partial or waiting):
+            if nxt == n:
                 break
-            if entry[1]:
-                take = min(entry[1], budget)
-                chunks.append((entry, take))
-            else:
-                take = per_decode
-                decodes.append(entry)
+            clock = arrivals[nxt]  # idle until the next arrival: no step issued
+            continue
+        # RUNNING in order: the decodes (1 + k tokens each), then the cut prompt's next chunk.
+        budget = max_batched_tokens - len(decoders) * per_decode
+        chunks: list[tuple[int, int, int]] = []  # (request, tokens, prompt tokens left)
+        if partial is not None:
+            take = min(partial[1], budget)
+            chunks.append((partial[0], take, partial[1] - take))
             budget -= take
-        while waiting and budget > 0 and len(running) < max_num_seqs:
-            i = waiting.popleft()
-            entry = [i, requests[i].prompt, decode_steps_of(requests[i].output, accepted)]
-            spans[i].waited_steps += out.next
-            running.append(entry)
-            take = min(entry[1], budget)
-            chunks.append((entry, take))
+        running = len(decoders) + (partial is not None)
+        while waiting and budget > 0 and running < max_num_seqs:  # then WAITING, FCFS
+            r = waiting.popleft()
+            spans[r].waited_steps += i
+            running += 1
+            take = min(requests[r].prompt, budget)
+            chunks.append((r, take, requests[r].prompt - take))
             budget -= take
         # Equal decode-only steps follow until a request ends or one arrives (it might join).
         repeat = 1
         if not chunks:
-            repeat = min(entry[2] for entry in decodes)
+            repeat = decoders[0][0] - i
             if nxt < n:
                 repeat = min(repeat, arrivals[nxt] - clock)
-        finished_prompts = sum(1 for entry, take in chunks if take == entry[1])
-        shape = StepShape(sum(take for _, take in chunks), len(chunks), len(decodes),
-                          per_decode, finished_prompts + len(decodes))
+        done = sum(1 for _, _, left in chunks if not left)
+        shape = StepShape(sum(take for _, take, _ in chunks), len(chunks), len(decoders),
+                          per_decode, done + len(decoders))
         start = out.add(shape, repeat)
-        for entry, take in chunks:
-            spans[entry[0]].add(spans[entry[0]].prefill, start, start + 1)
-            entry[1] -= take
-        for entry in decodes:
-            spans[entry[0]].add(spans[entry[0]].decode, start, start + repeat)
-            entry[2] -= repeat
-        running = [e for e in running if e[1] or e[2]]
+        partial = None
+        for r, _, left in chunks:
+            spans[r].add(spans[r].prefill, start, start + 1)
+            if left:
+                partial = (r, left)
+                continue
+            steps = decode_steps_of(requests[r].output, accepted)
+            if steps:  # it decodes in every step from the next one on
+                spans[r].decode = [start + 1, start + 1 + steps]
+                heappush(decoders, (start + 1 + steps, r))
         clock += repeat
     return Schedule("vllm", tuple(out.segments), tuple(spans), step_time_s or 0.0, clock)
