@@ -64,7 +64,9 @@ def workload_lines(figures: dict[str, Any]) -> list[str]:
     if "note" in figures:
         return [f"workload: {figures['note']}"]
     head = "".join(f"{'p' + str(p):>12}" for p in PERCENTILES)
-    lines = [f"per request ({figures['requests']} requests, {figures['steps']} steps; each "
+    lines = ["(a workload's prefill chunks and decodes share steps: the rows above take its "
+             "first steps as the prefill; read the figures per request below)",
+             f"per request ({figures['requests']} requests, {figures['steps']} steps; each "
              "step's slowest rank, median over inferences):", f"{'':<34}{head}"]
     for key, name in (("ttft_comm_us", "communication under TTFT (us)"),
                       ("tpot_comm_us", "communication per TPOT step (us)")):
