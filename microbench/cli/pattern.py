@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from patterns.workload.steps import WorkloadPattern
     if isinstance(pattern, WorkloadPattern):  # --requests: steps and per-request figures
         from microbench.views.workload import print_workload
-        return print_workload(pattern, args.format)
+        return print_workload(pattern, args.format, args.steps)
     if args.format == "json":
         print(json.dumps(pattern_document(pattern, with_steps=args.steps),
                          separators=(",", ":")))

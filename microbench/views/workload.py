@@ -4,6 +4,7 @@ bytes of one rank) and, per request, the communication under its TTFT and TPOT."
 import json
 from typing import Any
 
+from microbench.argtypes import UsageError
 from microbench.views.textfmt import format_bytes
 from patterns.workload.metrics import (
     PERCENTILES,
@@ -115,7 +116,10 @@ def workload_text(p: WorkloadPattern) -> str:
     return "\n".join(lines)
 
 
-def print_workload(p: WorkloadPattern, fmt: str) -> int:
+def print_workload(p: WorkloadPattern, fmt: str, steps: bool = False) -> int:
+    if steps:  # one batch's ordered calls; a workload's steps are its table's rows
+        raise UsageError("--steps lists one batch's ordered calls; a workload's steps are the "
+                         "rows of its table (--format json: step_rows); drop --steps")
     if fmt == "json":
         print(json.dumps(workload_document(p), separators=(",", ":")))
         return 0

@@ -6,11 +6,14 @@ right (`ConfigError`), and absurd sizes before any scheduling work:
 
 - Azure LLM inference traces (Azure/AzurePublicDataset, `AzureLLMInferenceTrace_*.csv`): a
   CSV with the header `TIMESTAMP,ContextTokens,GeneratedTokens`, TIMESTAMP a date and time
-  such as `2023-11-16 18:15:46.6805900` (7 fractional digits); arrival = seconds after the
-  first line's TIMESTAMP.
-- Mooncake traces (kvcache-ai/Mooncake `FAST25-release/traces/*.jsonl`): one JSON object a
-  line with `timestamp` (milliseconds from the start of the trace), `input_length`,
-  `output_length` (and `hash_ids`, ignored: prefix caching is not modelled).
+  such as `2023-11-16 18:15:46.6805900` (any number of fractional digits: 100 ns ticks in
+  the 2023 traces, milliseconds in some copies); arrival = seconds after the first line's
+  TIMESTAMP.
+- Mooncake traces (kvcache-ai/Mooncake `mooncake_trace.jsonl` @ d21da178 and its
+  FAST'25 traces): one JSON object a line with `timestamp` ("the arrival time (in
+  milliseconds) of the request since the first request", ai-dynamo/dynamo
+  `benchmarks/data_generator/README.md`), `input_length`, `output_length` (and
+  `hash_ids`, ignored: prefix caching is not modelled).
 - Plain JSONL: one `{"arrival_s": 0.0, "prompt": 100, "output": 3}` a line.
 - `poisson:rate=R,count=N,prompt=P,output=O,seed=S`: N requests whose gaps are exponential
   with mean 1/R seconds (the first arrives at 0); P and O are a token count or `LO..HI`
