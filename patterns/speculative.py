@@ -25,10 +25,13 @@ eagle3 and mtp, so one `EagleProposer` drafts for all three):
   `models/llama_eagle.py`, `llama_eagle3.py`), and its lm_head's all-gather; eagle3 heads
   may carry their own vocabulary (`draft_vocab_size`, give it in the JSON);
 - ngram proposes on the CPU: no drafter collectives;
-- CUDA graphs (`config/vllm.py: _set_cudagraph_sizes`): the largest capture size is
-  min(max_num_seqs x (1 + k) x 2, 512, max_num_batched_tokens), and
-  `config/compilation.py: adjust_cudagraph_sizes_for_spec_decode` rounds every size up to
-  a multiple of 1 + k (dropping those above the largest; [1 + k] when none is left).
+- CUDA graphs (`config/vllm.py: _set_cudagraph_sizes`, decode_query_len = 1 +
+  num_speculative_tokens): the largest capture size is min(max_num_seqs x (1 + k) x 2, 512,
+  max_num_batched_tokens), and `config/compilation.py:
+  adjust_cudagraph_sizes_for_spec_decode` @ 002284db rounds every size up to a multiple of
+  1 + k, dropping those above the largest ([1 + k] when none is left);
+  `v1/cudagraph_dispatcher.py` then runs a uniform decode batch (every request 1 + k tokens)
+  in a full graph.
 Each all-reduce takes the target's transport rule (`transports.vllm_allreduce`).
 SGLang's EAGLE worker (`speculative/eagle_worker.py`) is not modelled here.
 """

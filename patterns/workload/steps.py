@@ -106,9 +106,11 @@ def build_pattern(engine: str, model: ModelConfig, layout: Layout, requests: Seq
 
 
 def padded(sizes: list[int], tokens: int, uniform_decode: bool) -> StepGraph:
-    """vLLM V1 (FULL_AND_PIECEWISE, `docs/design/cuda_graphs.md`, `v1/cudagraph_dispatcher.py`):
-    uniform decode batches (every request 1 or 1 + k tokens) replay a full graph, others a
-    piecewise one, both padded to the next capture size; above the largest, eager."""
+    """vLLM V1's default cudagraph_mode FULL_AND_PIECEWISE (vllm-project/vllm
+    `docs/design/cuda_graphs.md` @ 74aef306, `v1/cudagraph_dispatcher.py`): uniform decode
+    batches (every request 1, or 1 + k, tokens) replay a full graph, prefill and mixed
+    batches a piecewise one, both padded to the next capture size; above the largest
+    capture size the step runs eager, unpadded."""
     if not sizes or tokens > sizes[-1]:
         return StepGraph(tokens, "eager")
     return StepGraph(pad_to(sizes, tokens), "full" if uniform_decode else "piecewise")
