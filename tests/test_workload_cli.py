@@ -128,3 +128,26 @@ def test_replay_workload_with_check(tmp_path, backend):
     for rank in ("0", "1"):
         issued = Counter(r["op"] for r in ops if r["iteration"] == "0" and r["rank"] == rank)
         assert issued == Counter(allreduce=45, allgather=5)
+
+
+def test_predict_against_a_workload_replay_shows_both(tmp_path):
+    from tests.test_predict import fake_sweep
+    f = tmp_path / "w.jsonl"
+    f.write_text(WORKLOAD)
+    proc, _ = infercomm("replay", "--model", tiny_model(tmp_path), "--tp", "2", "--requests",
+                        str(f), "--step-time-ms", "10", "--max-batched-tokens", "32",
+                        "--max-num-seqs", "4", "--backend", "torch", "-n", "2", "-w", "1",
+                        "--out", str(tmp_path / "res"), "--timeout", "60")
+    assert proc.returncode == 0, proc.stderr
+    measured = last_json(proc.stdout)["workload"]
+    sweep = fake_sweep(tmp_path / "sweep", {"allreduce": (10.0, 0.001),
+                                            "allgather": (20.0, 0.002)})
+    proc, _ = infercomm("predict", "--sweep", str(sweep), "--against",
+                        last_json(proc.stdout)["results_dir"])
+    assert proc.returncode == 0, proc.stderr
+    line = last_json(proc.stdout)
+    # The replay's own pattern (rebuilt from its arguments) priced, its measured figures
+    # shown beside: the same three requests, TTFT p50 as tests/test_workload_predict.py.
+    assert line["workload"]["ttft_comm_us"]["p50"] == pytest.approx(147.632, abs=1e-3)
+    assert line["measured_workload"] == {k: measured[k] for k in ("ttft_comm_us",
+                                                                  "tpot_comm_us")}

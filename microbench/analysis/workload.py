@@ -7,6 +7,8 @@ communication is its calls back to back on one stage: the sum of their fitted ti
 is the user's `--step-time-ms`; predict prices communication only and does not supply it.
 """
 
+import json
+from pathlib import Path
 from typing import Any
 
 from microbench.analysis.fits import Topology
@@ -41,14 +43,27 @@ def _r(v: float | None) -> float | None:
     return None if v is None else round(v, 3)
 
 
-def workload_lines(w: dict[str, Any]) -> list[str]:
+def measured_workload(replay_dir: Path) -> dict[str, Any] | None:
+    """The per-request figures a workload replay measured (its summary.json), if any."""
+    try:
+        summary = json.loads((replay_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    w = summary.get("workload")
+    return w if isinstance(w, dict) and "ttft_comm_us" in w else None
+
+
+def workload_lines(w: dict[str, Any], measured: dict[str, Any] | None = None) -> list[str]:
     head = "".join(f"{'p' + str(p):>12}" for p in PERCENTILES)
     lines = [f"per request ({w['requests']} requests, {w['steps']} steps, all steps "
-             f"{w['all_steps_us'] / 1e3:.3f} ms of communication):", f"{'':<36}{head}"]
+             f"{w['all_steps_us'] / 1e3:.3f} ms of communication):", f"{'':<46}{head}"]
     for key, name in (("ttft_comm_us", "communication under TTFT (us)"),
                       ("tpot_comm_us", "communication per TPOT step (us)")):
-        lines.append(f"{name:<36}" + "".join(
-            f"{'-' if v is None else f'{v:.1f}':>12}" for v in w[key].values()))
+        sides = [("predicted", w)] + ([("measured", measured)] if measured else [])
+        for side, figures in sides:
+            label = f"{name}, {side}" if measured else name
+            lines.append(f"{label:<46}" + "".join(
+                f"{'-' if v is None else f'{v:.1f}':>12}" for v in figures[key].values()))
     return lines
 
 

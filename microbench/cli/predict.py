@@ -117,8 +117,9 @@ def run(args: argparse.Namespace) -> int:
     topology = topology_from(sweep_table(sweep), sweep_table(inter) if inter else None,
                              args.ranks_per_node)
     predicted, notes = predict_pattern(pattern, topology)
-    from microbench.analysis.workload import predict_workload, workload_lines
+    from microbench.analysis.workload import measured_workload, predict_workload, workload_lines
     workload = predict_workload(pattern, topology)  # --requests: per-request figures
+    measured_w = measured_workload(replay.path) if replay is not None and workload else None
     warnings = caveats(sweep.meta, pattern, replay.meta if replay is not None else None)
     warnings += unstable_sizes(sweep_table(sweep))  # analysis/fits.py: UNSTABLE_FACTOR
     for w in warnings:
@@ -141,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         *([f"inter-node fits from {inter.path} ({inter.describe()})"] if inter else []),
         "", fits_table(topology), "",
         render_table(header, rows, right_align=set(header) - {"metric"}),
-        *(["", *workload_lines(workload)] if workload else []),
+        *(["", *workload_lines(workload, measured_w)] if workload else []),
         *[f"note: {n}" for n in [*dropped, *notes]],
         *[f"WARNING: {w}" for w in warnings]]))
     last: dict[str, Any] = {"sweep": str(sweep.path), "model": pattern.model.name,
@@ -156,6 +157,9 @@ def run(args: argparse.Namespace) -> int:
                             "notes": [*dropped, *notes], "warnings": warnings}
     if workload is not None:
         last["workload"] = workload
+        if measured_w is not None:
+            last["measured_workload"] = {k: measured_w[k] for k in ("ttft_comm_us",
+                                                                    "tpot_comm_us")}
     if inter is not None:
         last["sweep_inter"] = str(inter.path)
         last["ranks_per_node"] = args.ranks_per_node
