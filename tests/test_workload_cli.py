@@ -124,10 +124,16 @@ def test_replay_workload_with_check(tmp_path, backend):
     assert (line["wrong"], line["calls_per_inference"]) == (0, 50)
     assert line["workload"]["requests"] == 3 and line["workload"]["steps"] == 5
     assert all(v > 0 for v in line["workload"]["ttft_comm_us"].values())
-    ops = read_csv(tmp_path / "res" / line["results_dir"].split("/")[-1] / "ops.csv")
+    run = tmp_path / "res" / line["results_dir"].split("/")[-1]
+    ops = read_csv(run / "ops.csv")
     for rank in ("0", "1"):
         issued = Counter(r["op"] for r in ops if r["iteration"] == "0" and r["rank"] == rank)
         assert issued == Counter(allreduce=45, allgather=5)
+    steps = read_csv(run / "workload_steps.csv")
+    assert [(r["first_step"], r["tokens"]) for r in steps] == [
+        ("0", "32"), ("1", "18"), ("2", "2"), ("3", "22"), ("4", "2")]
+    requests = read_csv(run / "workload_requests.csv")
+    assert [r["ttft_steps"] for r in requests] == ["2", "1", "1"]  # A: steps 0-1; B: 1; C: 3
 
 
 def test_predict_against_a_workload_replay_shows_both(tmp_path):

@@ -82,7 +82,7 @@ def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.
         files["ops.csv"] = ops_csv  # streamed there by op_samples.gather_to_csv
     label = args.label or default_label(pattern, backend.name)
     from microbench.replay.workload import workload_times
-    summary["workload"] = workload_times(pattern, ranks)  # --requests: per-request figures
+    summary["workload"] = workload_times(pattern, ranks, files)  # --requests: per request
     files["summary.json"] = json_text(summary)
     folder, summary["write_error"] = write_run_or_keep(args.out, label, files)
     if ops_error is not None and summary["write_error"] is None:

@@ -3,7 +3,8 @@
 Per step the slowest rank's duration, median over the timed inferences (one inference =
 every scheduled step of the workload once); per request the sum over the steps of its
 prefill chunks (communication under its TTFT) and the mean over its decode steps (under its
-TPOT); p50 / p90 / p99 over requests, as `patterns.workload.metrics` takes them.
+TPOT); p50 / p90 / p99 over requests, as `patterns.workload.metrics` takes them. The run
+folder gets workload_steps.csv and workload_requests.csv.
 """
 
 from typing import Any
@@ -25,8 +26,11 @@ def _decode_mask(pattern: Any) -> np.ndarray:
     return mask
 
 
-def workload_times(pattern: Pattern, ranks: list[RankSamples]) -> dict[str, Any] | None:
-    """The per-request figures of a workload replay; None for any other pattern."""
+def workload_times(pattern: Pattern, ranks: list[RankSamples],
+                   files: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The per-request figures of a workload replay; None for any other pattern. With
+    `files`, adds workload_steps.csv (per run of equal steps: tokens and the median step
+    time) and workload_requests.csv (per request: its figures) to the run's files."""
     schedule = getattr(pattern, "schedule", None)
     if schedule is None:
         return None
@@ -39,17 +43,30 @@ def workload_times(pattern: Pattern, ranks: list[RankSamples]) -> dict[str, Any]
     decode = _decode_mask(pattern)
     cum_d = np.concatenate([[0.0], np.cumsum(np.where(decode, per_step, 0.0))])
     n_d = np.concatenate([[0], np.cumsum(decode)])
-    ttft, tpot = [], []
-    for span in schedule.spans:
+    requests = []
+    for r, span in zip(pattern.requests, schedule.spans, strict=True):
         a, b = span.prefill
-        ttft.append(float(cum[b] - cum[a]))
         c, d = span.decode
-        if d <= c:
-            continue
-        if schedule.decode_in_mixed:
-            tpot.append(float(cum[d] - cum[c]) / (d - c))
-        elif n_d[d] > n_d[c]:
-            tpot.append(float(cum_d[d] - cum_d[c]) / float(n_d[d] - n_d[c]))
+        tpot = None
+        if schedule.decode_in_mixed and d > c:
+            tpot = float(cum[d] - cum[c]) / (d - c)
+        elif not schedule.decode_in_mixed and d > c and n_d[d] > n_d[c]:
+            tpot = float(cum_d[d] - cum_d[c]) / float(n_d[d] - n_d[c])
+        requests.append({"arrival_s": r.arrival_s, "prompt": r.prompt, "output": r.output,
+                         "ttft_steps": b - a, "ttft_comm_us": _round(float(cum[b] - cum[a])),
+                         "tpot_comm_us": _round(tpot)})
+    if files is not None:
+        from microbench.results.store import csv_text
+        steps = [{"first_step": seg.start, "repeat": seg.repeat,
+                  "phase": seg.shape.phase.value, "tokens": seg.shape.tokens,
+                  "padded_tokens": graph.tokens, "graph": graph.graph,
+                  "step_us_median": _round(float(np.median(
+                      per_step[seg.start:seg.start + seg.repeat])))}
+                 for seg, graph in zip(schedule.segments, pattern.step_graphs, strict=True)]
+        files["workload_steps.csv"] = csv_text(steps)
+        files["workload_requests.csv"] = csv_text(requests)
+    ttft = [q["ttft_comm_us"] for q in requests]
+    tpot = [q["tpot_comm_us"] for q in requests if q["tpot_comm_us"] is not None]
     return {"requests": len(schedule.spans), "steps": schedule.steps,
             "ttft_comm_us": {f"p{p}": _round(percentile(ttft, p)) for p in PERCENTILES},
             "tpot_comm_us": {f"p{p}": _round(percentile(tpot, p)) for p in PERCENTILES},
