@@ -33,18 +33,19 @@ eagle3 and mtp, so one `EagleProposer` drafts for all three):
   `v1/cudagraph_dispatcher.py` then runs a uniform decode batch (every request 1 + k tokens)
   in a full graph.
 Each all-reduce takes the target's transport rule (`transports.vllm_allreduce`).
-SGLang's EAGLE worker (`speculative/eagle_worker.py`) is not modelled here.
+SGLang's EAGLE worker: `patterns/speculative_sglang.py`.
 """
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
 
 from patterns.engines.stage import Stage, pad_to
 from patterns.errors import ConfigError
 from patterns.models import ModelConfig
-from patterns.ops import Op, OpKind
+from patterns.ops import Op, OpKind, Transport
 from patterns.vllm_rules import V1_MAX_CAPTURE, padded_vocab
 from patterns.workload.schedule import StepShape
 
@@ -112,8 +113,9 @@ def _acceptance(k: int, length: float | None, rates: str | None) -> float:
 
 
 def check_spec_model(spec: SpecConfig, model: ModelConfig, engine: str) -> None:
-    if engine != "vllm":
-        raise ConfigError(f"--speculative-config is modelled for engine vllm, not {engine}")
+    if engine not in ("vllm", "sglang"):
+        raise ConfigError(f"--speculative-config is modelled for engines vllm and sglang, not "
+                          f"{engine}")
     if spec.method == "mtp" and model.model_type not in MTP_MODEL_TYPES:
         raise ConfigError(f"method mtp drafts from the model's own MTP layers; {model.name} "
                           f"({model.model_type}) has none modelled: use deepseek-v3, or eagle")
@@ -132,18 +134,26 @@ def spec_capture_sizes(max_num_seqs: int, max_batched_tokens: int, k: int) -> li
     return rounded or ([q] if q <= cap else [])
 
 
-def _pass(st: Stage, spec: SpecConfig, tokens: int, rows: int, index: int) -> list[Op]:
-    from patterns.engines.vllm import _allreduce
-    tag = f"draft.{index}"
-    ops = [_allreduce(st, tokens, f"{tag}.embed_tokens")]
+AllReduce = Callable[[Stage, int, str], Op]
+
+
+def draft_pass(st: Stage, spec: SpecConfig, tokens: int, rows: int, tag: str,
+               allreduce: AllReduce | None = None,
+               logits_transport: Transport = Transport.NCCL) -> list[Op]:
+    """One forward pass of the draft model over `tokens`, its logits over `rows`: the
+    embedding's all-reduce, per draft layer o_proj's and the MLP's (MoE for an MTP layer),
+    and the lm_head's all-gather. `allreduce` is the engine's (vLLM's by default)."""
+    if allreduce is None:
+        from patterns.engines.vllm import _allreduce as allreduce
+    ops = [allreduce(st, tokens, f"{tag}.embed_tokens")]
     mlp = "mlp.experts" if spec.method == "mtp" else "mlp.down_proj"
     for layer in range(spec.draft_layers):
-        ops.append(_allreduce(st, tokens, f"{tag}.layers.{layer}.self_attn.o_proj"))
-        ops.append(_allreduce(st, tokens, f"{tag}.layers.{layer}.{mlp}"))
+        ops.append(allreduce(st, tokens, f"{tag}.layers.{layer}.self_attn.o_proj"))
+        ops.append(allreduce(st, tokens, f"{tag}.layers.{layer}.{mlp}"))
     vocab = padded_vocab(spec.draft_vocab or st.model.vocab_size)
     shard = vocab // st.tp
     ops.append(st.tp_op(OpKind.ALLGATHER, (rows, shard), (rows, shard * st.tp),
-                        f"{tag}.logits"))
+                        f"{tag}.logits", logits_transport))
     return ops
 
 
@@ -153,8 +163,8 @@ def drafter_ops(st: Stage, spec: SpecConfig, shape: StepShape, step_tokens: int,
     if spec.method == "ngram" or st.tp == 1:
         return []
     rows = shape.prefill_seqs + shape.decode_seqs  # B: every scheduled request
-    ops = _pass(st, spec, step_tokens, rows, 0)
+    ops = draft_pass(st, spec, step_tokens, rows, "draft.0")
     later = pad_to(sizes, rows) if sizes and rows <= sizes[-1] else rows
     for i in range(1, spec.k):
-        ops += _pass(st, spec, later, rows, i)
+        ops += draft_pass(st, spec, later, rows, f"draft.{i}")
     return ops

@@ -132,3 +132,54 @@ def test_mtp_needs_mtp_layers():
     with pytest.raises(ConfigError, match="MTP layers"):
         workload_pattern("vllm", resolve_model("llama-3.1-8b"), Layout(tp=2),
                          [Request(0, 8, 4)], None, EngineOptions(), None, s)
+
+
+# SGLang (sgl-project/sglang @ 00559eac speculative/eagle_worker.py,
+# forward_batch_generation), k = 3 as --speculative-num-steps 3 --speculative-eagle-topk 1
+# --speculative-num-draft-tokens 4. A decode step of one request (decode graph size 1):
+# draft_forward runs k - 1 = 2 draft forwards of 1 token ("We don't need to run the last
+# forward"), each 3 all-reduces [1, 4096] (8,192 B) + logits [1, V/tp]; verify: the target
+# over 1 x 4 = 4 tokens, 65 all-reduces [4, 4096] (32,768 B) + logits [4, V/tp];
+# forward_draft_extend_after_decode: the draft over 4 tokens, 3 all-reduces [4, 4096] +
+# logits of the last token [1, V/tp]. All-reduces: 6 x 8,192 + 68 x 32,768 = 2,277,376 B;
+# calls 2 x 4 + 66 + 4 = 78.
+
+
+@pytest.mark.parametrize("tp, shard, step_bytes", [
+    # TP4: logits 3 x (1 x 32064 x 2) = 192,384 + 4 x 32064 x 2 = 256,512 -> 2,726,272 B.
+    (4, 32064, 2_726_272),
+    # TP8: 3 x 32,064 + 128,256 -> 2,277,376 + 96,192 + 128,256 = 2,501,824 B.
+    (8, 16032, 2_501_824),
+])
+def test_sglang_llama_eagle_k3(tp, shard, step_bytes):
+    s = parse_spec(EAGLE3, 2.5, None)
+    p = workload_pattern("sglang", resolve_model("llama-3.1-8b"), Layout(tp=tp),
+                         [Request(0, 16, 9)], None, EngineOptions(), None, s)
+    decode = p.schedule.segments[1]
+    step = p.segment_steps[1]
+    assert decode.repeat == 4  # ceil(8 / 2.5)
+    assert [(o.tag, o.shape) for o in step.ops if o.tag.endswith("logits")] == [
+        ("draft.0.logits", (1, shard)), ("draft.1.logits", (1, shard)),
+        ("logits", (4, shard)), ("draft_extend_after_decode.logits", (1, shard))]
+    assert len(step.ops) == 78
+    assert sum(o.bytes for o in step.ops) == step_bytes
+    # Llama is not in SGLang's fusion list: custom all-reduce; bf16 logits of <= 128 rows
+    # on H100 go through the multimem all-gather (patterns/transports.py).
+    assert {o.transport for o in step.ops if o.kind == OpKind.ALLREDUCE} == {
+        Transport.CUSTOM_ALLREDUCE}
+    assert {o.transport for o in step.ops if o.kind == OpKind.ALLGATHER} == {
+        Transport.MULTIMEM}
+
+
+def test_sglang_deepseek_v3_mtp_k1_tp4():
+    # k = 1: no draft forward before the verify; verify over 2 tokens: 123 all-reduces
+    # [2, 7168] + logits [2, 32320]; draft extend after decode over 2 tokens: 3 all-reduces
+    # + logits [1, 32320]. Bytes: 126 x 28,672 + 129,280 + 64,640 = 3,806,592 B, the same
+    # sum as vLLM's cell above (there the drafter's one pass follows the verify as well).
+    s = parse_spec(MTP1, 1.8, None)
+    p = workload_pattern("sglang", resolve_model("deepseek-v3"), Layout(tp=4),
+                         [Request(0, 16, 9)], None, EngineOptions(), None, s)
+    step = p.segment_steps[1]
+    assert p.schedule.segments[1].repeat == 5
+    assert len(step.ops) == 128 and sum(o.bytes for o in step.ops) == 3_806_592
+    assert step.ops[-1].tag == "draft_extend_after_decode.logits"

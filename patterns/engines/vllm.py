@@ -77,7 +77,7 @@ INFO = EngineInfo(
         "decodes of early-finished prompts mixed into later prefill chunks",
         "gloo send_object of PP metadata; the shared-memory SchedulerOutput broadcast",
         "sequence parallelism / AsyncTP (off for dense models by default)",
-        "speculative decoding (MTP layers, larger capture sizes)",
+        "speculative decoding unless --speculative-config is given (patterns/speculative.py)",
     ),
 )
 

@@ -23,6 +23,7 @@ from patterns.models import ModelConfig
 from patterns.ops import Op
 from patterns.pattern import EngineOptions
 from patterns.speculative import SpecConfig, check_spec_model, drafter_ops, spec_capture_sizes
+from patterns.speculative_sglang import decode_step_ops, extend_drafter_ops
 from patterns.vllm_rules import v1_capture_sizes, v1_defaults
 from patterns.workload.requests import Request
 from patterns.workload.schedule import StepShape
@@ -80,11 +81,12 @@ def vllm_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request
 def sglang_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request],
                     dtype: str | None, options: EngineOptions, step_time_s: float | None,
                     spec: SpecConfig | None, source: str, mixed: bool) -> WorkloadPattern:
-    if spec is not None:
-        raise ConfigError("--speculative-config with --engine sglang is not modelled; use "
-                          "--engine vllm")
+    if spec is not None and mixed:
+        raise ConfigError("--mixed-chunk with --speculative-config: SGLang runs them apart "
+                          "(speculative decoding turns mixed chunks off); drop --mixed-chunk")
     budget = options.max_batched_tokens or sglang_profile.chunked_prefill_size(options.gpu)
-    schedule = schedule_sglang(requests, step_time_s, budget, mixed, options.max_num_seqs)
+    schedule = schedule_sglang(requests, step_time_s, budget, mixed, options.max_num_seqs,
+                               spec.k if spec else 0, spec.acceptance_length if spec else 1.0)
     prefill_sizes = [] if options.eager else sglang_profile.prefill_graph_sizes(
         min(budget, 2048) if model.mla else budget)
     decode_sizes = [] if options.eager else sglang_profile.decode_graph_sizes(layout.tp,
@@ -97,7 +99,13 @@ def sglang_workload(model: ModelConfig, layout: Layout, requests: Sequence[Reque
             graph = (StepGraph(pad_to(prefill_sizes, shape.tokens), "piecewise")
                      if prefill_sizes and shape.tokens <= prefill_sizes[-1]
                      else StepGraph(shape.tokens, "eager"))
-            return graph, ctrl + sglang_profile.forward(st, graph.tokens, rows)
+            drafts = (extend_drafter_ops(st, spec, shape, graph.tokens) if spec is not None
+                      else [])
+            return graph, ctrl + sglang_profile.forward(st, graph.tokens, rows) + drafts
+        if spec is not None:  # draft forwards, the target's verify, the draft extend
+            tokens, ops = decode_step_ops(st, spec, shape, decode_sizes)
+            mode = "full" if decode_sizes and shape.decode_seqs <= decode_sizes[-1] else "eager"
+            return StepGraph(tokens, mode), ctrl + ops
         if decode_sizes and shape.tokens <= decode_sizes[-1]:
             graph = StepGraph(pad_to(decode_sizes, shape.tokens), "full")
             # Under the graph the logits cover every padded row.
@@ -107,7 +115,8 @@ def sglang_workload(model: ModelConfig, layout: Layout, requests: Sequence[Reque
 
     # max_num_seqs is SGLang's --max-running-requests here (the scheduler reads it).
     return build_pattern("sglang", model, layout, requests, dtype,
-                         replace(options, max_num_seqs=None), schedule, step_ops, source)
+                         replace(options, max_num_seqs=None), schedule, step_ops, source,
+                         spec.method if spec else "")
 
 
 def workload_pattern(engine: str, model: ModelConfig, layout: Layout,
