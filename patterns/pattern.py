@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from patterns.errors import ConfigError
 from patterns.layout import Layout, Workload
 from patterns.models import ModelConfig
+from patterns.mxfp4 import check_moe_backend
 from patterns.ops import Phase, Step
 
 GPUS = ("h100", "h200", "b200", "a100")
@@ -31,6 +32,8 @@ class EngineOptions:
     # How MoE layers exchange tokens under --dp N (patterns/moe.py A2A_MODES): vLLM's
     # default all-gather + reduce-scatter, or DeepEP-style all-to-all (needs --ep).
     a2a: str = "allgather_reducescatter"
+    # vLLM's mxfp4 MoE backend (patterns/mxfp4.py); None: vLLM's choice for `gpu`.
+    moe_backend: str | None = None
 
     def __post_init__(self) -> None:
         if self.gpu not in GPUS:
@@ -38,6 +41,7 @@ class EngineOptions:
         if self.model_runner is not None and self.model_runner not in MODEL_RUNNERS:
             raise ConfigError(f"model-runner {self.model_runner!r} does not exist; use one of "
                               f"{', '.join(MODEL_RUNNERS)}")
+        check_moe_backend(self.moe_backend)
         for name in ("max_batched_tokens", "max_num_seqs"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)

@@ -7,6 +7,7 @@ from microbench.argtypes import positive_int, positive_int_list
 from patterns import ENGINES, EngineOptions, Layout, Pattern, Workload, generate, resolve_model
 from patterns.engines import DEFAULT_ENGINE
 from patterns.moe import A2A_MODES, check_a2a
+from patterns.mxfp4 import MXFP4_BACKENDS
 from patterns.pattern import GPUS, MODEL_RUNNERS
 
 
@@ -63,6 +64,11 @@ def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True
                        help="custom all-reduce, symmetric memory and all-reduce fusions off: "
                             "every device call on NCCL (the seeds' setting; for vLLM "
                             "--disable-custom-all-reduce -O0 and VLLM_ALLREDUCE_USE_SYMM_MEM=0)")
+    group.add_argument("--moe-backend", choices=tuple(MXFP4_BACKENDS), default=None,
+                       help="vllm: mxfp4 MoE backend (gpt-oss), which sets whether the MoE "
+                            "all-reduce carries the padded hidden size (default: vLLM's for "
+                            "--gpu: flashinfer-trtllm on b200, triton on h100/h200, marlin on "
+                            "a100; flashinfer-trtllm-padded: vLLM before May 2026 on b200)")
     group.add_argument("--model-runner", choices=MODEL_RUNNERS, default=None,
                        help="vllm: Model Runner v1 or v2 (default: vLLM's for the model, v2 "
                             "for dense models)")
@@ -94,7 +100,8 @@ def pattern_from_args(args: argparse.Namespace) -> Pattern:
     options = EngineOptions(eager=args.eager, max_batched_tokens=args.max_batched_tokens,
                             control_plane=args.control_plane, gpu=args.gpu,
                             nccl_only=args.nccl_only, model_runner=args.model_runner,
-                            max_num_seqs=args.max_num_seqs, sp=args.sp, a2a=args.a2a)
+                            max_num_seqs=args.max_num_seqs, sp=args.sp, a2a=args.a2a,
+                            moe_backend=args.moe_backend)
     if wl.wants_workload(args):
         return wl.workload_from_args(args, options)
     workload = Workload(prompt=args.prompt, decode=args.decode, batch=args.batch,

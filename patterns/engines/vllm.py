@@ -7,7 +7,8 @@ Code read: vLLM upstream main of 2026-08-03 as modal-projects/vllm @ c8109375 (a
   MoE layers reduce the experts' output once (`fused_moe/runner/moe_runner.py:
   _maybe_reduce_final_output`), see `moe_layer_ops`; which layers are MoE:
   `models/deepseek_v2.py:1239-1243`, `models/llama4.py:342-345`, `models/qwen3_moe.py:387-391`
-  (`patterns.models._moe_layers`);
+  (`patterns.models._moe_layers`); mxfp4 experts (gpt-oss) all-reduce the padded hidden
+  size on some backends (`patterns/mxfp4.py`: `oracle/mxfp4.py:637-685`, `--moe-backend`);
 - refusals: heads % tp (`models/llama.py`, MLA: `models/deepseek_v2.py:478`) and the KV-head
   rule of `models/llama.py:147-152` (kv % tp when kv >= tp, else tp % kv);
 - transports: `patterns/transports.py` (`cuda_communicator.py`, `all_reduce_utils.py` @
@@ -51,6 +52,7 @@ from patterns.errors import ConfigError
 from patterns.layout import Layout, Workload
 from patterns.models import ModelConfig, mlp_module
 from patterns.moe import exchanges_tokens, vllm_dp_coordination, vllm_moe_layer
+from patterns.mxfp4 import moe_allreduce_width
 from patterns.ops import Op, OpKind, Phase
 from patterns.pattern import EngineOptions, Pattern, Run
 from patterns.transports import vllm_allreduce
@@ -70,7 +72,7 @@ INFO = EngineInfo(
            "vllm-project/vllm @ 00d618aa (all_reduce_utils.py), @ 0052812d "
            "(allreduce_rms_fusion.py)",
     options=("eager", "max_batched_tokens", "gpu", "nccl_only", "model_runner",
-             "max_num_seqs", "a2a"),
+             "max_num_seqs", "a2a", "moe_backend"),
     not_modelled=(
         "MoE at dp > 1: fp8 dispatch, DBO micro-batching, EPLB, the engine core's gloo "
         "all-reduce every 32 steps (patterns/moe.py lists them)",
@@ -90,13 +92,15 @@ def default_model_runner(model: ModelConfig) -> str:
     return "v2" if not model.is_moe or model.model_type in _V2_MOE_MODEL_TYPES else "v1"
 
 
-def _allreduce(st: Stage, tokens: int, tag: str, feeds_rmsnorm: bool = True) -> Op:
-    nbytes = tokens * st.h * dtype_bytes(st.dtype)
+def _allreduce(st: Stage, tokens: int, tag: str, feeds_rmsnorm: bool = True,
+               width: int | None = None) -> Op:
+    width = width or st.h
+    nbytes = tokens * width * dtype_bytes(st.dtype)
     # enforce_eager turns torch.compile off, and with it the fusion pass.
     fusable = feeds_rmsnorm and not st.options.eager
     transport = vllm_allreduce(nbytes, st.tp, st.options.gpu, st.dtype, fusable,
                                st.options.nccl_only)
-    return st.tp_op(OpKind.ALLREDUCE, (tokens, st.h), (tokens, st.h), tag, transport)
+    return st.tp_op(OpKind.ALLREDUCE, (tokens, width), (tokens, width), tag, transport)
 
 
 def moe_layer_ops(st: Stage, layer: int, tokens: int, feeds_rmsnorm: bool) -> list[Op]:
@@ -111,7 +115,10 @@ def moe_layer_ops(st: Stage, layer: int, tokens: int, feeds_rmsnorm: bool) -> li
     """
     prefix = f"layers.{layer}.{mlp_module(st.model, layer)}"
     if not exchanges_tokens(st.layout):
-        return [_allreduce(st, tokens, prefix, feeds_rmsnorm)]
+        # mxfp4 experts may all-reduce the padded hidden size (patterns/mxfp4.py).
+        width = moe_allreduce_width(st.h, st.model.weight_format, st.options.gpu,
+                                    st.options.moe_backend)
+        return [_allreduce(st, tokens, prefix, feeds_rmsnorm, width)]
     ops = vllm_moe_layer(prefix, st.layout, st.dp_tokens, st.dp_rank, st.h,
                          st.model.num_experts_per_tok, st.dtype, st.options.a2a)
     return [_allreduce(st, tokens, op.tag, feeds_rmsnorm)
