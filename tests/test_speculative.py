@@ -11,7 +11,7 @@ B tokens, each padded by `pad_for_cudagraph` and each with its own logits all-ga
 Capture sizes (`config/vllm.py _set_cudagraph_sizes`, `config/compilation.py
 adjust_cudagraph_sizes_for_spec_decode`): cap = min(1024 x (1 + k) x 2, 512, 8192) = 512,
 sizes rounded up to multiples of 1 + k: k=1 -> 2, 4, 8, ...; k=3 -> 4, 8, 16, ...
-One request, prompt 16, output 9 (8 tokens after the prefill's).
+One request, prompt 16, output 9 (8 tokens after the prefill's). SGLang's cells at the end.
 """
 
 import pytest
