@@ -20,6 +20,7 @@ OPTION_FLAGS: dict[str, str] = {
     "model_runner": "--model-runner",
     "sp": "--sp",
     "max_num_seqs": "--max-num-seqs",
+    "moe_backend": "--moe-backend",
     "a2a": "--a2a",
 }
 
