@@ -26,6 +26,9 @@ $(STAMP): pyproject.toml
 	# skip where it does not, so a failed install only says so.
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[nixl]' \
 	  || echo "nixl-cu12 could not be installed here: replay --kv-transport nixl and its tests are skipped"
+	# transformers (a real engine whose TP traces validate runs against); its tests skip without it.
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[engine]' \
+	  || echo "transformers could not be installed here: tests/test_real_engine_hf.py is skipped"
 	touch $(STAMP)
 
 # The main job: Llama-3.1-8B TP2 replayed on 2 local ranks, over gloo and over MPI.
