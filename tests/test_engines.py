@@ -129,13 +129,16 @@ def test_vllm_tp2_pp2(model):
     assert c0[("send", "pp", sliced, sliced, "bf16", NCCL)] == 2
     unfused = [op.tag for op in pre0.ops if op.transport == CUSTOM]
     assert unfused == [f"layers.{half - 1}.mlp.down_proj"]
-    # Stage 1: 2 recvs, each followed by a TP all-gather back to [T, h], 2 per layer (no
-    # embedding), the logits all-gather.
+    # Stage 1: 2 recvs, then a TP all-gather of each back to [T, h] (irecv_tensor_dict posts
+    # both irecvs first: parallel_state.py:1114-1198 @ c8109375), 2 per layer (no embedding),
+    # the logits all-gather.
     assert c1[("recv", "pp", sliced, sliced, "bf16", NCCL)] == 2
     assert c1[("allgather", "tp", sliced, (104, 4096), "bf16", NCCL)] == 2
     assert c1[("allreduce", "tp", (104, 4096), (104, 4096), "bf16", FUSED)] == 2 * half
     assert c1[("allgather", "tp", (1, vocab // 2), (1, vocab), "bf16", NCCL)] == 1
-    assert [op.kind.value for op in pre1.ops[:4]] == ["recv", "allgather", "recv", "allgather"]
+    assert [op.tag for op in pre1.ops[:4]] == ["pp.hidden_states", "pp.residual",
+                                               "pp.hidden_states.allgather",
+                                               "pp.residual.allgather"]
 
 
 # --- CUDA-graph padding at batch 10 and 260 ---------------------------------------------

@@ -98,7 +98,7 @@ def forward(st: Stage, tokens: int, rows: int, logit_rows: int | None = None) ->
     """One forward pass of T = `tokens`, sampling `rows` requests; the logits cover
     `logit_rows` rows (the padded batch under a decode graph, else `rows`)."""
     logit_rows = rows if logit_rows is None else logit_rows
-    ops, shape = pp_receive(st, tokens)
+    ops, shape = pp_receive(st, tokens, interleaved=True)
     ops += tp_model_calls(st, tokens, _allreduce, moe_layer_ops)
     if not st.is_last:
         ops += [st.p2p(OpKind.SEND, shape, f"pp.{key}", peer=st.index + 1) for key in PP_KEYS]

@@ -149,19 +149,30 @@ def pp_slice(st: Stage, tokens: int) -> tuple[tuple[int, ...], bool]:
 PP_KEYS = ("hidden_states", "residual")
 
 
-def pp_receive(st: Stage, tokens: int) -> tuple[list[Op], tuple[int, ...]]:
-    """A later stage's receive of `irecv_tensor_dict(all_gather_group=tp)` (SGLang's
-    `recv_tensor_dict` too): per key a recv of the TP slice, then a TP all-gather rebuilding
-    [T, h]; nothing on the first stage. Also the shape this step's sends take."""
+def pp_receive(st: Stage, tokens: int,
+               interleaved: bool = False) -> tuple[list[Op], tuple[int, ...]]:
+    """A later stage's receive of the previous stage's tensors, with a TP all-gather per key
+    rebuilding [T, h] from the TP slice; nothing on the first stage. Also the shape this
+    step's sends take.
+
+    vLLM (`distributed/parallel_state.py:1114-1198` `irecv_tensor_dict` @ c8109375) posts
+    every key's irecv first and all-gathers in `comm_postprocess`, which
+    `AsyncIntermediateTensors.wait_for_comm` (`v1/worker/gpu_worker.py:96-125`) runs when the
+    model first reads the tensors: recv, recv, all-gather, all-gather. SGLang's
+    `recv_tensor_dict` (`distributed/parallel_state.py:1530-1585` @ 8905cbd4) waits on each
+    recv and all-gathers it before the next key: `interleaved`."""
     shape, gathered = pp_slice(st, tokens)
-    ops: list[Op] = []
+    recvs: list[Op] = []
+    gathers: list[Op] = []
     if not st.is_first:
         for key in PP_KEYS:
-            ops.append(st.p2p(OpKind.RECV, shape, f"pp.{key}", peer=st.index - 1))
+            recvs.append(st.p2p(OpKind.RECV, shape, f"pp.{key}", peer=st.index - 1))
             if gathered:
-                ops.append(st.tp_op(OpKind.ALLGATHER, shape, (tokens, st.h),
-                                    f"pp.{key}.allgather"))
-    return ops, shape
+                gathers.append(st.tp_op(OpKind.ALLGATHER, shape, (tokens, st.h),
+                                        f"pp.{key}.allgather"))
+    if interleaved and gathers:
+        return [op for pair in zip(recvs, gathers, strict=True) for op in pair], shape
+    return recvs + gathers, shape
 
 
 def forward(st: Stage, tokens: int, rows: int, vocab_multiple: int = 64) -> list[Op]:
