@@ -89,8 +89,10 @@ def _allreduce(st: Stage, tokens: int, tag: str) -> Op:
 
 
 def moe_layer_ops(st: Stage, layer: int, tokens: int) -> list[Op]:
-    """One MoE layer without DP attention / EP: experts replicated over TP, output reduced
-    once. Expert parallelism hooks in here."""
+    """One MoE layer without DP attention / EP: every expert sharded over TP
+    (`layers/moe/fused_moe_triton/layer.py:256-257` @ 8905cbd4: intermediate_size //
+    moe_tp_size), each rank's partial output reduced once (`layer.py:1299`). Expert
+    parallelism hooks in here."""
     return [_allreduce(st, tokens, f"layers.{layer}.{mlp_module(st.model, layer)}")]
 
 

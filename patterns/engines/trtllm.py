@@ -39,7 +39,7 @@ INFO = EngineInfo(
     not_modelled=(
         "AllReduce strategy AUTO (NCCL or one-/two-shot IPC kernels): every call is NCCL",
         "CUDA-graph padding when enable_padding is set (off by default)",
-        "attention DP and expert parallelism (--dp and --ep are refused); MoE experts replicated "
+        "attention DP and expert parallelism (--dp and --ep are refused); MoE experts sharded "
         "over TP",
         "the layer split of pipeline stages is taken as vLLM's get_pp_indices",
     ),
@@ -51,8 +51,9 @@ def _allreduce(st: Stage, tokens: int, tag: str) -> Op:
 
 
 def moe_layer_ops(st: Stage, layer: int, tokens: int) -> list[Op]:
-    """One MoE layer without attention DP: experts replicated over TP, output reduced once.
-    Expert parallelism hooks in here."""
+    """One MoE layer without attention DP: every expert sharded over TP (`tensorrt_llm/
+    mapping.py` @ 05ebebb2: without moe_tp_size / moe_ep_size, moe_tp_size = tp_size and
+    moe_ep_size = 1), the partial outputs reduced once. Expert parallelism hooks in here."""
     return [_allreduce(st, tokens, f"layers.{layer}.{mlp_module(st.model, layer)}")]
 
 

@@ -106,8 +106,9 @@ def _allreduce(st: Stage, tokens: int, tag: str, feeds_rmsnorm: bool = True,
 def moe_layer_ops(st: Stage, layer: int, tokens: int, feeds_rmsnorm: bool) -> list[Op]:
     """The calls of one MoE layer's experts.
 
-    At dp 1 experts are replicated over TP (each rank holds a 1/tp slice of every expert, or
-    with --ep whole experts of the TP group) and tokens are not moved: the routed and shared
+    At dp 1 every expert is sharded over TP (each rank holds a 1/tp slice of every expert:
+    `fused_moe/config.py:1331-1333` intermediate_size // tp_size; with --ep whole experts of
+    the TP group) and tokens, replicated over TP, are not moved: the routed and shared
     experts' summed output is all-reduced once (`moe_runner._maybe_reduce_final_output`).
     At dp > 1 the DP ranks exchange tokens: dispatch and combine, `patterns.moe.
     vllm_moe_layer` (all2all.py AgRsAll2AllManager, or `--a2a alltoall`); the TP all-reduce
