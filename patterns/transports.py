@@ -86,12 +86,14 @@ def vllm_allreduce(nbytes: int, tp: int, gpu: str, dtype: str, feeds_rmsnorm: bo
 
 
 def sglang_allreduce(nbytes: int, tokens: int, tp: int, gpu: str, model_type: str,
-                     nccl_only: bool) -> Transport:
-    """The transport of one SGLang TP all-reduce (engine spec 10.4)."""
+                     nccl_only: bool, fusable: bool = True) -> Transport:
+    """The transport of one SGLang TP all-reduce (engine spec 10.4). `fusable`: the call is
+    one the fusion can take (not the embedding's nor the last layer's MLP one:
+    `patterns.engines.sglang.fusable`)."""
     if nccl_only or tp == 1:
         return Transport.NCCL
-    if (model_type in SGLANG_FUSION_MODEL_TYPES and GPU_ARCH[gpu] in ("sm90", "sm100")
-            and tokens <= SGLANG_FUSION_MAX_TOKENS):
+    if (fusable and model_type in SGLANG_FUSION_MODEL_TYPES
+            and GPU_ARCH[gpu] in ("sm90", "sm100") and tokens <= SGLANG_FUSION_MAX_TOKENS):
         return Transport.FUSED_ALLREDUCE_RMSNORM
     cap = SGLANG_CUSTOM_AR_MAX_SM80 if GPU_ARCH[gpu] == "sm80" else SGLANG_CUSTOM_AR_MAX
     if 2 <= tp <= 8 and nbytes % 16 == 0 and nbytes <= cap:

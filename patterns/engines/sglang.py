@@ -82,9 +82,30 @@ def prefill_graph_sizes(max_tokens: int) -> list[int]:
     return [s for s in sizes if s <= max_tokens]
 
 
+# Fusion architectures whose decoder layers do not pass is_last_layer to LayerCommunicator
+# (`models/qwen3_next.py:564, 737` @ 8905cbd4): their last MLP all-reduce is fused too.
+_NO_LAST_LAYER_FLAG = frozenset({"qwen3_next"})
+
+
+def fusable(model: ModelConfig, tag: str) -> bool:
+    """Whether SGLang's all-reduce + RMSNorm fusion can take the all-reduce `tag`
+    (@ 8905cbd4): the attention output's goes into `prepare_mlp`'s fused
+    post_attention_layernorm (`layers/communicator.py:1104-1113`) in every layer; a layer's
+    MLP/MoE one is deferred into the next layer's `prepare_attn` (`communicator.py:547-575`)
+    only when `should_fuse_mlp_allreduce_with_next_layer` (`communicator.py:773-818`: `not
+    self.is_last_layer`), so the last layer's is a plain all-reduce (`models/qwen3_moe.py:
+    330-337, 826-848`); the embedding's is VocabParallelEmbedding's own, never fused."""
+    if tag == "embed_tokens":
+        return False
+    last = model.num_hidden_layers - 1
+    return (model.model_type in _NO_LAST_LAYER_FLAG
+            or tag != f"layers.{last}.{mlp_module(model, last)}")
+
+
 def _allreduce(st: Stage, tokens: int, tag: str) -> Op:
     transport = sglang_allreduce(tokens * st.h * dtype_bytes(st.dtype), tokens, st.tp,
-                                 st.options.gpu, st.model.model_type, st.options.nccl_only)
+                                 st.options.gpu, st.model.model_type, st.options.nccl_only,
+                                 fusable(st.model, tag))
     return st.tp_op(OpKind.ALLREDUCE, (tokens, st.h), (tokens, st.h), tag, transport)
 
 
