@@ -39,3 +39,25 @@ def test_no_fusion_on_a100_or_for_dense_llama():
     assert {op.transport for op in _prefill("qwen3-30b-a3b", "a100")} == {
         Transport.CUSTOM_ALLREDUCE}
     assert {op.transport for op in _prefill("llama-3.1-8b")} == {Transport.CUSTOM_ALLREDUCE}
+
+
+def _dp_logits(batch: int, gpu: str):
+    model = resolve_model("qwen3-30b-a3b")
+    pattern = generate("sglang", model, Layout(tp=2, dp=2, ep=True),
+                       Workload(prompt=16, decode=3, batch=batch), EngineOptions(gpu=gpu))
+    return [(run.phase.value, op.shape, op.transport) for run in pattern.stages[0]
+            for op in run.step.ops if op.tag == "logits"]
+
+
+def test_dp_attention_logits_allgather_goes_through_multimem():
+    # logits_processor.py:357-361, 376-381, 706-710 @ 8905cbd4: with enable_dp_lm_head off the
+    # DP-attention logits all-gather is the MultimemAllGatherer's, bf16 and <= 128 rows on
+    # sm90+. Vocabulary 151936 over the 4 ranks: 37984 columns each. Prefill: the 2 ranks'
+    # 4 last tokens summed, 8 rows; decode (MAX_LEN): ceil(4 / 2) = 2 rows a rank x 4 = 8.
+    assert _dp_logits(4, "h100") == [("prefill", (8, 37984), Transport.MULTIMEM),
+                                     ("decode", (8, 37984), Transport.MULTIMEM)]
+    # No multicast on A100: NCCL.
+    assert {t for _, _, t in _dp_logits(4, "a100")} == {Transport.NCCL}
+    # 80 requests a rank: prefill 160 rows > 128 -> NCCL; decode 40 x 4 = 160 rows -> NCCL.
+    assert _dp_logits(80, "h100") == [("prefill", (160, 37984), Transport.NCCL),
+                                      ("decode", (160, 37984), Transport.NCCL)]

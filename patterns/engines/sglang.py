@@ -205,10 +205,22 @@ def _dp_attention(model: ModelConfig, layout: Layout, workload: Workload,
             ops += sglang_dp_layer(f"layers.{layer}", layout, tokens, d, model.hidden_size,
                                    dtype, mode, top_k, options.a2a)
         rows = tuple(s.rows for s in steps)
-        return ops + sglang_dp_logits(layout, rows, d, model.hidden_size, vocab, dtype, mode)
+        return ops + [_dp_logits_transport(op, options) for op in sglang_dp_logits(
+            layout, rows, d, model.hidden_size, vocab, dtype, mode)]
 
     return build_replicas(align_dp_runs(per_rank, SGLANG_IDLE_STEP), 1,
                           lambda steps: sglang_step_tokens(steps, graph)[0], ops_of)
+
+
+def _dp_logits_transport(op: Op, options: EngineOptions) -> Op:
+    """Under DP attention the logits all-gather over the whole TP group is still
+    `self._logits_gatherer(logits)`, the MultimemAllGatherer (`layers/logits_processor.py:
+    357-361, 376-381, 706-710` @ 8905cbd4: enabled whenever enable_dp_lm_head is off), so
+    it takes the same transport rule as without DP, on the gathered rows."""
+    if op.tag != "logits":
+        return op
+    return replace(op, transport=sglang_logits_allgather(op.shape[0], op.dtype, options.gpu,
+                                                         options.nccl_only))
 
 
 @register(INFO)
