@@ -64,22 +64,24 @@ def test_deepseek_v3_dp2_tp4_ep_sequence_parallel():
     pat = generate("vllm", DEEPSEEK, Layout(dp=2, tp=4, ep=True), Workload(16, 2, batch=8))
     decode = steps_of(pat, dp_rank=1)[-1][1]
     assert decode.tokens == 8
-    # 1 coordination + embedding all-reduce + 3 dense layers x 2 all-reduces + 58 MoE layers
-    # x (MLA o_proj all-reduce + 3 EP all-gathers + reduce-scatter + TP all-gather) + logits:
-    # 1 + 1 + 6 + 58 * 6 + 1 = 357.
+    # DeepSeek's own sequence-parallel layers (patterns/vllm_sp.py, deepseek_v2.py @
+    # c8109375): 1 coordination + embedding all-reduce + 3 dense layers x 2 all-reduces +
+    # layer 3 (attention reduce-scatter + 3 EP all-gathers + EP reduce-scatter) + 57 MoE
+    # layers x (input all-gather + those 5) + the final [h, residual] all-gather + logits:
+    # 1 + 1 + 6 + 5 + 57 * 6 + 1 + 1 = 357.
     assert len(decode.ops) == 357
-    assert kinds(decode) == {("allreduce", "dp"): 1, ("allreduce", "tp"): 1 + 6 + 58,
+    assert kinds(decode) == {("allreduce", "dp"): 1, ("allreduce", "tp"): 1 + 6,
+                             ("reducescatter", "tp"): 58,
                              ("allgather", "ep"): 174, ("reducescatter", "ep"): 58,
-                             ("allgather", "tp"): 58 + 1}
+                             ("allgather", "tp"): 57 + 1 + 1}
     moe = [op for op in decode.ops if op.tag.startswith("layers.3.")]
-    # sequence_parallel_chunk: 8 tokens / 4 TP ranks = 2 rows; the EP group of 8 gathers 16.
+    # 8 tokens / 4 TP ranks = 2 rows; the EP group of 8 gathers 16.
     assert [(op.kind.value, op.group, op.shape, op.out_shape) for op in moe] == [
-        ("allreduce", "tp", (8, 7168), (8, 7168)),
+        ("reducescatter", "tp", (8, 7168), (2, 7168)),
         ("allgather", "ep", (2, 7168), (16, 7168)),
         ("allgather", "ep", (2, 8), (16, 8)),
         ("allgather", "ep", (2, 8), (16, 8)),
-        ("reducescatter", "ep", (16, 7168), (2, 7168)),
-        ("allgather", "tp", (2, 7168), (8, 7168))]
+        ("reducescatter", "ep", (16, 7168), (2, 7168))]
 
 
 def test_qwen3_30b_a3b_ep4_and_gpt_oss_120b_ep8():

@@ -39,7 +39,8 @@ Code read: vLLM upstream main of 2026-08-03 as modal-projects/vllm @ c8109375 (a
 - MoE with data parallelism (`--dp N`, `--ep`): the rules and their sources are in
   `patterns/moe.py` (all2all.py AgRsAll2AllManager, fused_moe/config.py, dp_utils.py), the
   DP ranks' steps lined up and padded in `patterns/dp_steps.py`; hooked in `moe_layer_ops`
-  and `_dp_replicas`. A dense model at dp > 1 is independent replicas.
+  and `_dp_replicas`. A dense model at dp > 1 is independent replicas. DeepSeek-V2/V3 at
+  tp > 1, dp > 1 with --ep run their own sequence-parallel layers (`patterns/vllm_sp.py`).
 """
 
 from dataclasses import replace
@@ -63,6 +64,7 @@ from patterns.vllm_rules import (
     v1_capture_sizes,
     v1_defaults,
 )
+from patterns.vllm_sp import deepseek_sp, sp_final, sp_input, sp_moe_layer
 
 INFO = EngineInfo(
     name="vllm",
@@ -130,7 +132,12 @@ def _layer_ops(st: Stage, layer: int, tokens: int) -> list[Op]:
     # The last layer of a stage that hands its output to the next stage feeds no RMSNorm,
     # so the fusion pass cannot take its second all-reduce.
     feeds_rmsnorm = st.is_last or layer != st.layers[-1]
-    ops = [_allreduce(st, tokens, f"layers.{layer}.self_attn.o_proj")] if st.tp > 1 else []
+    sp = deepseek_sp(st)  # DeepSeek's own sequence-parallel MoE layers: patterns/vllm_sp.py
+    if sp and st.model.is_moe_layer(layer):
+        return sp_moe_layer(st, layer, tokens, moe_layer_ops(st, layer, tokens, feeds_rmsnorm))
+    ops = sp_input(st, layer, tokens) if sp else []
+    if st.tp > 1:
+        ops.append(_allreduce(st, tokens, f"layers.{layer}.self_attn.o_proj"))
     if st.model.is_moe_layer(layer):
         return ops + moe_layer_ops(st, layer, tokens, feeds_rmsnorm)
     if st.tp == 1:  # a dense layer (DeepSeek's first 3) issues nothing at tp 1
@@ -184,6 +191,8 @@ def forward(st: Stage, tokens: int, rows: int, vocab_multiple: int = 64) -> list
     if st.tp > 1 or exchanges_tokens(st.layout):  # MoE layers exchange tokens at dp > 1
         for layer in st.layers:
             ops += _layer_ops(st, layer, tokens)
+        if deepseek_sp(st):
+            ops += sp_final(st, tokens)
     if not st.is_last:
         ops += [st.p2p(OpKind.SEND, shape, f"pp.{key}", peer=st.index + 1) for key in PP_KEYS]
     elif st.tp > 1:
