@@ -54,20 +54,23 @@ tp/dp ranks; SGLang's TP group holds the same ranks as the `ep` group here):
 - Dense layers of a MoE model run their MLP in SGLang's FULL mode by default
   (`moe_dense_tp_size` unset): the same gather and scatter as a MoE layer.
 
-Not modelled: fp8 dispatch (vLLM quantises the dispatched hidden states of fp8 models and
-adds their scales; here they travel at the workload dtype), the engine core's gloo
+fp8 dispatch: vLLM quantises the dispatched hidden states of block-fp8 checkpoints and
+gathers their scales (`naive_dp_ep.py`); DeepEP's own messages: `patterns/deepep.py`
+(`--a2a deepep_ll` / `deepep_ht`). Every other call (all-reduces, combine, PP, logits)
+carries bf16 activations whatever the weights. Not modelled: the engine core's gloo
 all-reduce of the unfinished state every 32 steps, micro-batching (DBO), SGLang's
 `SGLANG_DP_USE_GATHERV` path and two-batch overlap.
 """
 
 from collections.abc import Callable, Sequence
 
+from patterns.deepep import DEEPEP_MODES, deepep_ops, fp8_dispatch
 from patterns.dp_steps import RankStep
 from patterns.layout import Layout
 from patterns.models import ModelConfig
 from patterns.ops import Op, OpKind, Phase, Transport
 
-A2A_MODES = ("allgather_reducescatter", "alltoall")
+A2A_MODES = ("allgather_reducescatter", "alltoall", *DEEPEP_MODES)
 
 # Rows of the per-step DP coordination tensor (v1/worker/dp_utils.py `_run_ar`: orig tokens,
 # padded tokens, should_ubatch, cudagraph mode; Model Runner V2: 3 rows, spec 10.3).
@@ -168,7 +171,7 @@ def vllm_dp_coordination(layout: Layout, runner: str = "v2") -> list[Op]:
 
 def vllm_moe_layer(prefix: str, layout: Layout, tokens: Sequence[int], dp_rank: int,
                    hidden: int, top_k: int, dtype: str,
-                   a2a: str = "allgather_reducescatter") -> list[Op]:
+                   a2a: str = "allgather_reducescatter", weight_format: str = "") -> list[Op]:
     """The calls of one MoE layer on a rank of DP rank `dp_rank` (vLLM V1).
 
     `tokens[d]` is T_d, the tokens DP rank d runs this step (after `dp_padded_tokens`);
@@ -178,9 +181,9 @@ def vllm_moe_layer(prefix: str, layout: Layout, tokens: Sequence[int], dp_rank: 
     reduce_tp = [_tp_op(OpKind.ALLREDUCE, tp, (t_me, hidden), (t_me, hidden), dtype, prefix)]
     if not exchanges_tokens(layout):
         return reduce_tp if tp > 1 else []
-    if a2a == "alltoall" and not layout.ep:
+    if a2a != "allgather_reducescatter" and not layout.ep:
         from patterns.errors import ConfigError
-        raise ConfigError("a2a alltoall needs --ep: vLLM runs its all-to-all kernels only "
+        raise ConfigError(f"a2a {a2a} needs --ep: vLLM runs its all-to-all kernels only "
                           "with expert parallelism (use_all2all_kernels)")
     sequence_parallel = sequence_parallel_moe(layout)
     if sequence_parallel:  # sequence_parallel_chunk: T padded to a multiple of tp, split
@@ -193,7 +196,10 @@ def vllm_moe_layer(prefix: str, layout: Layout, tokens: Sequence[int], dp_rank: 
         group = "dp"
     n = len(rows)
     ops: list[Op] = []
-    if a2a == "alltoall":  # --ep here (checked above): EP group of dp x tp
+    if a2a in DEEPEP_MODES:  # DeepEP's messages, fp8 for block-fp8 checkpoints
+        ops += deepep_ops(prefix, dp * tp, max(chunks), top_k, hidden, dtype, a2a,
+                          weight_format)
+    elif a2a == "alltoall":  # --ep here (checked above): EP group of dp x tp
         per_peer = _ceil_div(max(chunks) * top_k, dp * tp)
         shape = ((dp * tp) * per_peer, hidden)
         for phase in ("dispatch", "combine"):
@@ -202,12 +208,19 @@ def vllm_moe_layer(prefix: str, layout: Layout, tokens: Sequence[int], dp_rank: 
                           transport=Transport.NVSHMEM))
     else:
         index = dp_rank * tp if sequence_parallel else dp_rank  # any TP rank: equal rows
-        ops.append(_allgather(group, rows, index, hidden, dtype,
+        # Block-fp8 checkpoints quantise before the gather (naive_dp_ep.py:16-52, 132-164
+        # @ c8109375): fp8 hidden states (1 B each, as uint8) and their fp32 scales, one per
+        # 128 channels, gathered as an extra tensor after the top-k ids.
+        fp8 = fp8_dispatch(weight_format)
+        ops.append(_allgather(group, rows, index, hidden, "uint8" if fp8 else dtype,
                               f"{prefix}.dispatch.hidden_states"))
         ops.append(_allgather(group, rows, index, top_k, "fp32",
                               f"{prefix}.dispatch.topk_weights"))
         ops.append(_allgather(group, rows, index, top_k, "int32",
                               f"{prefix}.dispatch.topk_ids"))
+        if fp8:
+            ops.append(_allgather(group, rows, index, -(-hidden // 128), "fp32",
+                                  f"{prefix}.dispatch.hidden_states_scales"))
         ops.append(_reducescatter(group, rows, index, hidden, dtype, f"{prefix}.combine"))
     assert n == (dp * tp if sequence_parallel else dp)
     if sequence_parallel:

@@ -42,22 +42,27 @@ def test_deepseek_v3_dp8_ep8_tp1():
     # Decode: 128 requests, a capture size: T = 128 on every rank.
     assert (prefill.tokens, decode.tokens) == (2048, 128)
     for step in (prefill, decode):
-        # 1 coordination all-reduce; 58 MoE layers x (3 dispatch all-gathers + 1 combine
-        # reduce-scatter) over the DP group; the 3 dense layers and the logits issue nothing
-        # at tp 1: 1 + 58 * 4 = 233.
-        assert len(step.ops) == 233
-        assert kinds(step) == {("allreduce", "dp"): 1, ("allgather", "dp"): 174,
+        # 1 coordination all-reduce; 58 MoE layers x (4 dispatch all-gathers: fp8 hidden
+        # states, top-k weights and ids, fp8 scales (block-fp8 checkpoint, naive_dp_ep.py @
+        # c8109375) + 1 combine reduce-scatter) over the DP group; the 3 dense layers and the
+        # logits issue nothing at tp 1: 1 + 58 * 5 = 291.
+        assert len(step.ops) == 291
+        assert kinds(step) == {("allreduce", "dp"): 1, ("allgather", "dp"): 232,
                                ("reducescatter", "dp"): 58}
     coord = decode.ops[0]
     assert (coord.shape, coord.dtype, coord.transport) == ((4, 8), "int32", Transport.GLOO)
-    hidden, weights, ids, combine = decode.ops[1:5]
+    hidden, weights, ids, scales, combine = decode.ops[1:6]
     assert hidden.tag == "layers.3.mlp.experts.dispatch.hidden_states"
-    assert (hidden.shape, hidden.out_shape) == ((128, 7168), (1024, 7168))
+    # fp8 (1 byte) hidden states; 7168 / 128 = 56 fp32 scales a token.
+    assert (hidden.shape, hidden.out_shape, hidden.dtype) == ((128, 7168), (1024, 7168),
+                                                              "uint8")
+    assert (scales.shape, scales.out_shape, scales.dtype) == ((128, 56), (1024, 56), "fp32")
     assert (weights.shape, weights.dtype, ids.dtype) == ((128, 8), "fp32", "int32")
+    assert combine.dtype == "bf16"  # the experts' output stays bf16
     assert (combine.shape, combine.out_shape) == ((1024, 7168), (128, 7168))
     assert {op.transport for op in decode.ops[1:]} == {Transport.NCCL}  # PyNccl all_gatherv
-    # Calls per inference on a rank: 3 steps x 233.
-    assert pat.calls_per_inference(0) == 699
+    # Calls per inference on a rank: 3 steps x 291.
+    assert pat.calls_per_inference(0) == 873
 
 
 def test_deepseek_v3_dp2_tp4_ep_sequence_parallel():
@@ -66,13 +71,13 @@ def test_deepseek_v3_dp2_tp4_ep_sequence_parallel():
     assert decode.tokens == 8
     # DeepSeek's own sequence-parallel layers (patterns/vllm_sp.py, deepseek_v2.py @
     # c8109375): 1 coordination + embedding all-reduce + 3 dense layers x 2 all-reduces +
-    # layer 3 (attention reduce-scatter + 3 EP all-gathers + EP reduce-scatter) + 57 MoE
-    # layers x (input all-gather + those 5) + the final [h, residual] all-gather + logits:
-    # 1 + 1 + 6 + 5 + 57 * 6 + 1 + 1 = 357.
-    assert len(decode.ops) == 357
+    # layer 3 (attention reduce-scatter + 4 EP all-gathers (fp8 hidden states, top-k weights
+    # and ids, scales) + EP reduce-scatter) + 57 MoE layers x (input all-gather + those 6) +
+    # the final [h, residual] all-gather + logits: 1 + 1 + 6 + 6 + 57 * 7 + 1 + 1 = 415.
+    assert len(decode.ops) == 415
     assert kinds(decode) == {("allreduce", "dp"): 1, ("allreduce", "tp"): 1 + 6,
                              ("reducescatter", "tp"): 58,
-                             ("allgather", "ep"): 174, ("reducescatter", "ep"): 58,
+                             ("allgather", "ep"): 232, ("reducescatter", "ep"): 58,
                              ("allgather", "tp"): 57 + 1 + 1}
     moe = [op for op in decode.ops if op.tag.startswith("layers.3.")]
     # 8 tokens / 4 TP ranks = 2 rows; the EP group of 8 gathers 16.
@@ -81,6 +86,7 @@ def test_deepseek_v3_dp2_tp4_ep_sequence_parallel():
         ("allgather", "ep", (2, 7168), (16, 7168)),
         ("allgather", "ep", (2, 8), (16, 8)),
         ("allgather", "ep", (2, 8), (16, 8)),
+        ("allgather", "ep", (2, 56), (16, 56)),
         ("reducescatter", "ep", (16, 7168), (2, 7168))]
 
 
@@ -167,8 +173,8 @@ def test_dp_ranks_with_different_prefill_chunks():
     assert rank1 == [("prefill", 8192, 1), ("prefill", 8192, 1), ("decode", 8, 2)]
     step1 = pat.runs(0, 0)[1].step.ops[1]
     assert step1.counts == (4 * 7168, 8192 * 7168)  # uneven: an all-gatherv
-    # Dummy steps sample nothing; both ranks issue 4 steps x 233 calls.
-    assert pat.calls_per_inference(0) == 4 * 233
+    # Dummy steps sample nothing; both ranks issue 4 steps x 291 calls.
+    assert pat.calls_per_inference(0) == 4 * 291
 
 
 def test_alltoall_and_volume_by_group():

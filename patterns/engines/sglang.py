@@ -33,6 +33,7 @@ without `--ep` is SGLang's DP router: independent replicas.
 
 from dataclasses import replace
 
+from patterns.deepep import DEEPEP_MODES
 from patterns.dp_steps import SGLANG_IDLE_STEP, RankStep, align_dp_runs, build_replicas
 from patterns.dtypes import dtype_bytes
 from patterns.engines import EngineInfo, register
@@ -223,9 +224,16 @@ def _dp_logits_transport(op: Op, options: EngineOptions) -> Op:
                                                          options.nccl_only))
 
 
+def _check_a2a(options: EngineOptions) -> None:
+    if options.a2a in DEEPEP_MODES:
+        raise ConfigError(f"a2a {options.a2a} is modelled for the vllm profile (its DeepEP "
+                          "prepare/finalize); for sglang use --a2a alltoall")
+
+
 @register(INFO)
 def sglang(model: ModelConfig, layout: Layout, workload: Workload,
            options: EngineOptions) -> Pattern:
+    _check_a2a(options)
     # --dp N --ep is DP attention (--enable-dp-attention); --dp alone is SGLang's DP router:
     # independent replicas, MoE or not.
     if layout.dp > 1 and model.is_moe and layout.ep:

@@ -76,7 +76,7 @@ INFO = EngineInfo(
     options=("eager", "max_batched_tokens", "gpu", "nccl_only", "model_runner",
              "max_num_seqs", "a2a", "moe_backend"),
     not_modelled=(
-        "MoE at dp > 1: fp8 dispatch, DBO micro-batching, EPLB, the engine core's gloo "
+        "MoE at dp > 1: DBO micro-batching, EPLB, the engine core's gloo "
         "all-reduce every 32 steps (patterns/moe.py lists them)",
         "decodes of early-finished prompts mixed into later prefill chunks",
         "gloo send_object of PP metadata; the shared-memory SchedulerOutput broadcast",
@@ -123,7 +123,8 @@ def moe_layer_ops(st: Stage, layer: int, tokens: int, feeds_rmsnorm: bool) -> li
                                     st.options.moe_backend)
         return [_allreduce(st, tokens, prefix, feeds_rmsnorm, width)]
     ops = vllm_moe_layer(prefix, st.layout, st.dp_tokens, st.dp_rank, st.h,
-                         st.model.num_experts_per_tok, st.dtype, st.options.a2a)
+                         st.model.num_experts_per_tok, st.dtype, st.options.a2a,
+                         st.model.weight_format)
     return [_allreduce(st, tokens, op.tag, feeds_rmsnorm)
             if op.kind == OpKind.ALLREDUCE and op.group == "tp" else op for op in ops]
 
