@@ -34,7 +34,9 @@ def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True
                                 "every DP rank)")
     group.add_argument("--a2a", choices=A2A_MODES, default=A2A_MODES[0],
                        help="MoE token exchange under --dp --ep: vLLM's default "
-                            "allgather_reducescatter, or alltoall (DeepEP-style kernels)")
+                            "allgather_reducescatter, alltoall (DeepEP-style kernels), or "
+                            "vllm's DeepEP deepep_ll / deepep_ht (low-latency / "
+                            "high-throughput messages, fp8 for block-fp8 checkpoints)")
     # Without --requests, pattern_from_args asks for --prompt and --decode itself.
     group.add_argument("--prompt", type=positive_int, required=False,
                        help="prompt length Sp, tokens per request")
