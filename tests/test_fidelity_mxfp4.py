@@ -97,3 +97,15 @@ def test_validate_real_vllm_trace_with_padded_moe():
     current = subprocess.run(VALIDATE, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert current.returncode == 1
     assert "op 2 of the step" in current.stdout and "[layers.0.mlp.experts]" in current.stdout
+
+
+def test_moe_backend_on_a_model_without_mxfp4_refused_in_one_line():
+    proc = subprocess.run([sys.executable, "-m", "microbench", "pattern", "--model",
+                           "qwen3-30b-a3b", "--tp", "2", "--prompt", "8", "--decode", "2",
+                           "--moe-backend", "marlin"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].endswith(
+        "moe-backend picks the kernel of mxfp4 MoE checkpoints (gpt-oss); qwen3-30b-a3b is "
+        "not one: drop --moe-backend")
+    assert "Traceback" not in proc.stderr

@@ -317,6 +317,9 @@ def vllm_v1(model: ModelConfig, layout: Layout, workload: Workload,
         raise ConfigError(f"batch({largest}) exceeds max-num-seqs({max_seqs}): vLLM "
                           "would not run it as one batch; use batch <= max-num-seqs")
     _check_kv_heads(model, layout.tp)
+    if options.moe_backend and model.weight_format != "mxfp4":
+        raise ConfigError(f"moe-backend picks the kernel of mxfp4 MoE checkpoints (gpt-oss); "
+                          f"{model.name} is not one: drop --moe-backend")
     runner = options.model_runner or default_model_runner(model)
     options = replace(options, model_runner=runner)
     counts = stage_layer_counts(model.num_hidden_layers, layout.pp)
