@@ -63,6 +63,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="run folder label (default replay-MODEL-tpTppP-BACKEND)")
     from microbench.kvtransfer.args import add_kv_replay_arguments
     add_kv_replay_arguments(parser)
+    from microbench.algorithms.args import add_algo_arguments
+    add_algo_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -189,6 +191,8 @@ def run_rank(pattern: Pattern, env: dist.DistEnv, args: argparse.Namespace) -> i
         check_rank_fits(pattern, env.rank, device, args)
         backend = open_backend(args.backend, env=env, device=device, timeout=args.timeout,
                                staging=args.mpi_staging)
+        from microbench.algorithms.args import wrap
+        backend = wrap(backend, args)
         watchdog.where = "group creation"
         plan = build_plan(pattern, backend)
         replayer = Replayer(plan, backend, args.timing, watchdog, args.graph)

@@ -101,6 +101,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     from microbench.kvtransfer.args import add_kv_replay_arguments, add_kv_sweep_arguments
     add_kv_replay_arguments(parser)
     add_kv_sweep_arguments(parser)
+    from microbench.algorithms.args import add_algo_arguments
+    add_algo_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -222,6 +224,8 @@ def run_rank(cases: list[Case], skipped: list[str], pattern: Pattern | None,
         device = resolve_device(args.device)
         backend = open_backend(args.backend, env=env, device=device, timeout=args.timeout,
                                staging=args.mpi_staging)
+        from microbench.algorithms.args import wrap
+        backend = wrap(backend, args)
         watchdog.where = "group creation"
         sizes = sorted({c.group_size for c in cases})
         groups = {n: backend.new_group(f"first{n}", list(range(n))) for n in sizes}

@@ -1,0 +1,28 @@
+"""The `--allreduce-algo` option of sweep and replay (and replay's --ranks-per-node)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from microbench.algorithms.schedules import ALGORITHMS
+from microbench.argtypes import positive_int
+
+
+def add_algo_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("all-reduce algorithm")
+    group.add_argument("--allreduce-algo", choices=ALGORITHMS, default="library",
+                       help="library: the backend's own all-reduce (default); ring, "
+                            "recursive-doubling, rabenseifner, hierarchical: built from the "
+                            "backend's point-to-point calls (hierarchical: reduce-scatter "
+                            "within a node, recursive doubling across, all-gather within)")
+    if not any("--ranks-per-node" in a.option_strings for a in parser._actions):
+        group.add_argument("--ranks-per-node", type=positive_int, default=None, metavar="N",
+                           help="placement for --allreduce-algo hierarchical: ranks 0..N-1 "
+                                "on the first node, ... (default: the hosts the ranks ran on)")
+
+
+def wrap(backend: Any, args: argparse.Namespace) -> Any:
+    from microbench.algorithms.registry import with_algorithm
+    return with_algorithm(backend, getattr(args, "allreduce_algo", "library"),
+                          getattr(args, "ranks_per_node", None))
