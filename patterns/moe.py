@@ -171,14 +171,18 @@ def vllm_dp_coordination(layout: Layout, runner: str = "v2") -> list[Op]:
 
 def vllm_moe_layer(prefix: str, layout: Layout, tokens: Sequence[int], dp_rank: int,
                    hidden: int, top_k: int, dtype: str,
-                   a2a: str = "allgather_reducescatter", weight_format: str = "") -> list[Op]:
+                   a2a: str = "allgather_reducescatter", weight_format: str = "",
+                   widths: tuple[int, int] | None = None) -> list[Op]:
     """The calls of one MoE layer on a rank of DP rank `dp_rank` (vLLM V1).
 
     `tokens[d]` is T_d, the tokens DP rank d runs this step (after `dp_padded_tokens`);
-    `prefix` names the layer's module (e.g. "layers.3.mlp.experts").
+    `prefix` names the layer's module (e.g. "layers.3.mlp.experts"); `widths`: the hidden
+    width the experts take and return when an mxfp4 backend pads it (`patterns.mxfp4.
+    moe_widths`): the dispatch carries the first, the combine and TP all-reduce the second.
     """
     tp, dp, t_me = layout.tp, layout.dp, tokens[dp_rank]
-    reduce_tp = [_tp_op(OpKind.ALLREDUCE, tp, (t_me, hidden), (t_me, hidden), dtype, prefix)]
+    w_in, w_out = widths or (hidden, hidden)
+    reduce_tp = [_tp_op(OpKind.ALLREDUCE, tp, (t_me, w_out), (t_me, w_out), dtype, prefix)]
     if not exchanges_tokens(layout):
         return reduce_tp if tp > 1 else []
     if a2a != "allgather_reducescatter" and not layout.ep:
@@ -197,7 +201,7 @@ def vllm_moe_layer(prefix: str, layout: Layout, tokens: Sequence[int], dp_rank: 
     n = len(rows)
     ops: list[Op] = []
     if a2a in DEEPEP_MODES:  # DeepEP's messages, fp8 for block-fp8 checkpoints
-        ops += deepep_ops(prefix, dp * tp, max(chunks), top_k, hidden, dtype, a2a,
+        ops += deepep_ops(prefix, dp * tp, max(chunks), top_k, w_in, dtype, a2a,
                           weight_format)
     elif a2a == "alltoall":  # --ep here (checked above): EP group of dp x tp
         per_peer = _ceil_div(max(chunks) * top_k, dp * tp)
@@ -212,16 +216,16 @@ def vllm_moe_layer(prefix: str, layout: Layout, tokens: Sequence[int], dp_rank: 
         # @ c8109375): fp8 hidden states (1 B each, as uint8) and their fp32 scales, one per
         # 128 channels, gathered as an extra tensor after the top-k ids.
         fp8 = fp8_dispatch(weight_format)
-        ops.append(_allgather(group, rows, index, hidden, "uint8" if fp8 else dtype,
+        ops.append(_allgather(group, rows, index, w_in, "uint8" if fp8 else dtype,
                               f"{prefix}.dispatch.hidden_states"))
         ops.append(_allgather(group, rows, index, top_k, "fp32",
                               f"{prefix}.dispatch.topk_weights"))
         ops.append(_allgather(group, rows, index, top_k, "int32",
                               f"{prefix}.dispatch.topk_ids"))
         if fp8:
-            ops.append(_allgather(group, rows, index, -(-hidden // 128), "fp32",
+            ops.append(_allgather(group, rows, index, -(-w_in // 128), "fp32",
                                   f"{prefix}.dispatch.hidden_states_scales"))
-        ops.append(_reducescatter(group, rows, index, hidden, dtype, f"{prefix}.combine"))
+        ops.append(_reducescatter(group, rows, index, w_out, dtype, f"{prefix}.combine"))
     assert n == (dp * tp if sequence_parallel else dp)
     if sequence_parallel:
         chunk = chunks[dp_rank]

@@ -54,6 +54,18 @@ def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+def moe_widths(hidden: int, weight_format: str, gpu: str,
+               chosen: str | None) -> tuple[int, int]:
+    """(the width the experts take, the width they return): the input is padded whenever
+    the backend pads (`_maybe_pad_hidden_states`, so a DP dispatch gathers the padded
+    width), the output as `moe_allreduce_width` says."""
+    if weight_format != "mxfp4":
+        return hidden, hidden
+    multiple, _ = MXFP4_BACKENDS[moe_backend(gpu, chosen)]
+    return (round_up(hidden, multiple),
+            moe_allreduce_width(hidden, weight_format, gpu, chosen))
+
+
 def moe_allreduce_width(hidden: int, weight_format: str, gpu: str,
                         chosen: str | None) -> int:
     """The hidden width of a MoE layer's TP all-reduce: `hidden`, or the padded size when an

@@ -109,3 +109,28 @@ def test_moe_backend_on_a_model_without_mxfp4_refused_in_one_line():
         "moe-backend picks the kernel of mxfp4 MoE checkpoints (gpt-oss); qwen3-30b-a3b is "
         "not one: drop --moe-backend")
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("gpu, w_in, w_out", [
+    # Marlin (A100): input padded to 3072 before the dispatch (moe_runner.py:509-535), the
+    # output too, combined and all-reduced at 3072 (moe_runner.py:494-496).
+    ("a100", 3072, 3072),
+    # TRT-LLM (B200): input padded to 3072, output written at 2880 (trtllm_mxfp4_moe.py:
+    # 226-230), so the combine and the all-reduce carry 2880.
+    ("b200", 3072, 2880),
+    # Triton (H100): nothing padded.
+    ("h100", 2880, 2880),
+])
+def test_mxfp4_dp_dispatch_carries_the_padded_input(gpu, w_in, w_out):
+    model = resolve_model("gpt-oss-120b")
+    pattern = generate("vllm", model, Layout(tp=2, dp=2), Workload(prompt=16, decode=2),
+                       EngineOptions(eager=True, gpu=gpu))
+    ops = pattern.stages[0][0].step.ops  # prefill: 16 tokens on each DP rank
+    by_tag = {op.tag: op for op in ops}
+    hidden = by_tag["layers.0.mlp.experts.dispatch.hidden_states"]
+    combine = by_tag["layers.0.mlp.experts.combine"]
+    reduce = by_tag["layers.0.mlp.experts"]
+    # 2 DP ranks x 16 tokens gathered: [16, w] -> [32, w]; combine back; TP all-reduce [16, w].
+    assert (hidden.shape, hidden.out_shape) == ((16, w_in), (32, w_in))
+    assert (combine.shape, combine.out_shape) == ((32, w_out), (16, w_out))
+    assert reduce.kind == OpKind.ALLREDUCE and reduce.shape == (16, w_out)

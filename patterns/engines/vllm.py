@@ -53,7 +53,7 @@ from patterns.errors import ConfigError
 from patterns.layout import Layout, Workload
 from patterns.models import ModelConfig, mlp_module
 from patterns.moe import exchanges_tokens, vllm_dp_coordination, vllm_moe_layer
-from patterns.mxfp4 import moe_allreduce_width
+from patterns.mxfp4 import moe_allreduce_width, moe_widths
 from patterns.ops import Op, OpKind, Phase
 from patterns.pattern import EngineOptions, Pattern, Run
 from patterns.transports import vllm_allreduce
@@ -122,10 +122,11 @@ def moe_layer_ops(st: Stage, layer: int, tokens: int, feeds_rmsnorm: bool) -> li
         width = moe_allreduce_width(st.h, st.model.weight_format, st.options.gpu,
                                     st.options.moe_backend)
         return [_allreduce(st, tokens, prefix, feeds_rmsnorm, width)]
+    widths = moe_widths(st.h, st.model.weight_format, st.options.gpu, st.options.moe_backend)
     ops = vllm_moe_layer(prefix, st.layout, st.dp_tokens, st.dp_rank, st.h,
                          st.model.num_experts_per_tok, st.dtype, st.options.a2a,
-                         st.model.weight_format)
-    return [_allreduce(st, tokens, op.tag, feeds_rmsnorm)
+                         st.model.weight_format, widths)
+    return [_allreduce(st, tokens, op.tag, feeds_rmsnorm, widths[1])
             if op.kind == OpKind.ALLREDUCE and op.group == "tp" else op for op in ops]
 
 
