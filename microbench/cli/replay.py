@@ -65,6 +65,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_kv_replay_arguments(parser)
     from microbench.algorithms.args import add_algo_arguments
     add_algo_arguments(parser)
+    from microbench.tuning.env_grid import add_env_arguments
+    add_env_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -89,6 +91,9 @@ def pattern_or_trace(args: argparse.Namespace) -> Pattern:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.env:  # a settings grid: one replay per combination (tuning/env_grid.py)
+        from microbench.tuning.env_grid import run_grid
+        return run_grid("replay", args)
     if args.disagg is not None:  # prefill and decode ranks, and the KV transfer between
         from microbench.kvtransfer.replay import run_disagg
         return run_disagg(args)

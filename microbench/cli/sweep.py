@@ -103,6 +103,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_kv_sweep_arguments(parser)
     from microbench.algorithms.args import add_algo_arguments
     add_algo_arguments(parser)
+    from microbench.tuning.env_grid import add_env_arguments
+    add_env_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -190,6 +192,9 @@ def check_backend(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.env:  # a settings grid: one sweep per combination (tuning/env_grid.py)
+        from microbench.tuning.env_grid import run_grid
+        return run_grid("sweep", args)
     if args.op == ["kvtransfer"]:
         from microbench.kvtransfer.sweep import run_kv_sweep
         return run_kv_sweep(args)

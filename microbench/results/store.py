@@ -25,7 +25,10 @@ _ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "UCX_", "MPIR_CVAR_", "MPICH_", "OMPI_M
 
 
 def relevant_environment() -> dict[str, str]:
-    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES)}
+    # and whatever a settings grid (sweep/replay --env, tuning/env_grid.py) set, by name
+    named = set(filter(None, os.environ.get("INFERCOMM_SETTINGS", "").split(",")))
+    return {k: v for k, v in sorted(os.environ.items())
+            if k.startswith(_ENV_PREFIXES) or k in named}
 
 
 def git_commit() -> str | None:

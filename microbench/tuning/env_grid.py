@@ -1,0 +1,130 @@
+"""`--env NAME=v1,v2 [--env NAME2=...]` on sweep and replay: one run per combination.
+
+Each combination is a separate `infercomm sweep|replay` process (its own launcher and ranks)
+started with the variables in its environment, so they are set before any library loads and
+reads them (NCCL_PROTO, NCCL_ALGO, MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM, OMPI_MCA_coll_tuned_*).
+Each run is an ordinary run folder; its meta.json records the variables (environment, and
+settings: the grid's names, see results/store.py). With --env-runs R the combinations run R
+times, interleaved (a b a b ...), so that drift of the machine falls on every setting alike and
+the comparison has runs a side. The grid's folder holds grid.json (every combination and its
+runs) and best.csv (tuning/best.py); the last stdout line is one short JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+from typing import Any
+
+from microbench.argtypes import UsageError, positive_int
+
+SETTINGS_VAR = "INFERCOMM_SETTINGS"  # the names a grid set, recorded by results/store.py
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_COMBINATIONS = 64
+
+
+def env_spec(text: str) -> tuple[str, list[str]]:
+    name, sep, values = text.partition("=")
+    if not sep or not _NAME.fullmatch(name):
+        raise argparse.ArgumentTypeError(f"--env {text!r}: write NAME=v1,v2 (a variable name, "
+                                         "then its values)")
+    parts = [v.strip() for v in values.split(",")]
+    if not parts or any(not v for v in parts):
+        raise argparse.ArgumentTypeError(f"--env {text!r}: an empty value; write NAME=v1,v2")
+    return name, list(dict.fromkeys(parts))
+
+
+def add_env_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("settings grid")
+    group.add_argument("--env", type=env_spec, action="append", default=None,
+                       metavar="NAME=v1,v2",
+                       help="run once per value (per combination when given several times), "
+                            "each run a separate job with the variable set before the "
+                            "libraries load; then the best setting per op and size (sweep) "
+                            "or per phase (replay)")
+    group.add_argument("--env-runs", type=positive_int, default=1, metavar="R",
+                       help="runs of every combination, interleaved (default 1; 3 or more "
+                            "let the verdicts read between-run drift)")
+
+
+def combinations(specs: list[tuple[str, list[str]]]) -> list[dict[str, str]]:
+    names = [n for n, _ in specs]
+    if len(set(names)) != len(names):
+        raise UsageError("--env names a variable twice; give its values in one --env")
+    combos = [dict(zip(names, values, strict=True))
+              for values in itertools.product(*[v for _, v in specs])]
+    if len(combos) > MAX_COMBINATIONS:
+        raise UsageError(f"--env makes {len(combos)} combinations, more than "
+                         f"{MAX_COMBINATIONS}; give fewer values")
+    return combos
+
+
+def setting_name(combo: dict[str, str], varying: set[str] | None = None) -> str:
+    """NAME=value of the variables that differ between the combinations (all when none do)."""
+    shown = [k for k in combo if varying is None or k in varying] or list(combo)
+    return " ".join(f"{k}={combo[k]}" for k in shown)
+
+
+def child_argv(argv: list[str]) -> list[str]:
+    """argv without --env/--env-runs (and their values) and without --label."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in ("--env", "--env-runs", "--label"):
+            skip = True
+        elif not arg.startswith(("--env=", "--env-runs=", "--label=")):
+            out.append(arg)
+    return out
+
+
+def run_grid(command: str, args: argparse.Namespace) -> int:
+    """Run every combination; write the grid folder; print the best-setting table."""
+    from microbench.ranks import dist
+    if dist.detect() is not None:
+        raise UsageError("--env starts one job per setting itself; run it without a launcher "
+                         "(add --nproc N for the ranks of each job)")
+    combos = combinations(args.env)
+    varying = {name for name, values in args.env if len(values) > 1}
+    base = child_argv(args.argv)
+    label = args.label or f"grid-{command}"
+    runs: list[dict[str, Any]] = []
+    for repeat in range(args.env_runs):
+        for i, combo in enumerate(combos):
+            slug = "-".join(f"{k}-{v}" for k, v in combo.items())
+            cmd = [sys.executable, "-m", "microbench", *base, "--label",
+                   f"{label}-{slug}"[:100]]
+            env = {**os.environ, **combo, SETTINGS_VAR: ",".join(combo)}
+            sys.stderr.write(f"[infercomm] grid {repeat * len(combos) + i + 1}/"
+                             f"{len(combos) * args.env_runs}: {setting_name(combo)}\n")
+            done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True,
+                                  check=False)
+            last = _last_json(done.stdout)
+            folder = last.get("results_dir") if last else None
+            if done.returncode not in (0, 1) or folder is None:
+                sys.stderr.write(done.stdout[-2000:])
+                sys.stderr.write(f"infercomm {command}: the run with {setting_name(combo)} "
+                                 f"failed (exit {done.returncode}); the grid stops\n")
+                return done.returncode or 1
+            runs.append({"setting": setting_name(combo, varying), "env": combo, "repeat": repeat,
+                         "results_dir": folder, "exit_status": done.returncode})
+    from microbench.tuning.best import write_grid
+    summary = write_grid(command, args, runs, label)
+    print(json.dumps(summary, separators=(",", ":")), flush=True)
+    return 1 if any(r["exit_status"] for r in runs) else 0
+
+
+def _last_json(stdout: str) -> dict[str, Any] | None:
+    for line in reversed(stdout.strip().splitlines()):
+        try:
+            found = json.loads(line)
+        except ValueError:
+            continue
+        return found if isinstance(found, dict) else None
+    return None
