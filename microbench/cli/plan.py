@@ -67,6 +67,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="table (default), json (one document) or csv")
     from microbench.kvtransfer.plan import add_plan_arguments
     add_plan_arguments(group)  # --kv-sweep, --kv-sweep-inter (with --disagg)
+    group.add_argument("--allreduce-algo", default="library", metavar="ALGO",
+                       choices=("library", "ring", "recursive-doubling", "rabenseifner",
+                                "hierarchical"),
+                       help="price every all-reduce as this algorithm, step by step from the "
+                            "sweeps' sendrecv fits (analysis/algo_costs.py); default library: "
+                            "the swept all-reduce")
     add_pattern_arguments(parser, layout=False)
     parser.set_defaults(run=run)
 
@@ -168,6 +174,8 @@ def run(args: argparse.Namespace) -> int:
     if args.gpus > args.gpus_per_node and topology.inter is None:
         raise UsageError(f"{args.gpus} GPUs at {args.gpus_per_node} per node span nodes and "
                          "the sweep has no rows across nodes; pass --sweep-inter SWEEP_RUN")
+    from microbench.analysis.algo_costs import with_algorithm
+    topology = with_algorithm(topology, args.allreduce_algo)
 
     from microbench.kvtransfer.plan import COLOCATED
 
