@@ -200,3 +200,31 @@ def test_nccl_executor_pointers_counts_and_groups(algo):
     want = n * (np.arange(numel) % 7) + 15  # 5 (i % 7) + (1 + 2 + 3 + 4 + 5)
     for got in results:
         assert got is not None and np.array_equal(got, want)
+
+
+def test_hierarchical_on_uneven_nodes_is_refused_before_any_rank(tmp_path):
+    from tests.replay_helpers import infercomm
+
+    proc, _ = infercomm("sweep", "--backend", "mpi", "--nproc", "4", "--sizes", "8K",
+                        "--allreduce-algo", "hierarchical", "--ranks-per-node", "3",
+                        "--out", str(tmp_path))
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        "infercomm sweep: error: --allreduce-algo hierarchical needs the same number of ranks "
+        "on every node; 4 ranks at --ranks-per-node 3 leave 1 on the last; use a divisor of 4"]
+
+
+@pytest.mark.mpi
+def test_sweep_check_and_meta_name_the_algorithm(tmp_path):
+    from tests.conftest import last_json
+    from tests.replay_helpers import infercomm
+
+    proc, _ = infercomm("sweep", "--backend", "mpi", "--nproc", "2", "--sizes", "6,8K",
+                        "--allreduce-algo", "rabenseifner", "-c", "-n", "2", "-w", "1",
+                        "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = last_json(proc.stdout)
+    assert summary["wrong"] == 0
+    meta = json.loads((Path(summary["results_dir"]) / "meta.json").read_text())
+    assert meta["versions"]["allreduce_algo"] == "rabenseifner"
+    assert meta["versions"]["allreduce_algo_nodes"] == [0, 0]  # both ranks on this host
