@@ -228,3 +228,13 @@ def test_sweep_check_and_meta_name_the_algorithm(tmp_path):
     meta = json.loads((Path(summary["results_dir"]) / "meta.json").read_text())
     assert meta["versions"]["allreduce_algo"] == "rabenseifner"
     assert meta["versions"]["allreduce_algo_nodes"] == [0, 0]  # both ranks on this host
+
+
+def test_compare_names_the_algorithm_that_differs():
+    from microbench.analysis.differences import facts
+
+    def run(versions):
+        return types.SimpleNamespace(meta={"versions": versions, "hosts": ["h"]})
+    # a run made with the library's own all-reduce records no algorithm
+    assert facts(run({}))["all-reduce algorithm"] == "library"
+    assert facts(run({"allreduce_algo": "ring"}))["all-reduce algorithm"] == "ring"

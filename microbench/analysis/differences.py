@@ -38,6 +38,8 @@ def facts(run: RunFolder) -> dict[str, str]:
         "MPI shared memory": v.get("mpi_shm"), "MPI ranks on node 0": v.get("mpi_node_ranks"),
         "hosts": ",".join(sorted(set(m.get("hosts") or []))) or None, "nodes": nodes(run),
         "ranks": m.get("world_size"),
+        # sweep/replay --allreduce-algo (microbench/algorithms); absent: the library's own
+        "all-reduce algorithm": v.get("allreduce_algo") or "library",
     }
     out.update({k: env[k] for k in sorted(env) if k.startswith(STEERING_PREFIXES)})
     return {k: UNSET if val is None else str(val) for k, val in out.items()}
