@@ -189,7 +189,7 @@ def test_nccl_executor_pointers_counts_and_groups(algo):
         group = types.SimpleNamespace(handle=nccl.comm(r, 4))
         buf = _Buf((np.arange(numel) % 7 + r + 1).astype(np.float32), "fp32")
         nodes = [0, 1, 2, 3, 4]  # hierarchical: five nodes of one rank
-        nccl_call(backend, group, buf, schedule(algo, n, r, numel, nodes), add)()
+        nccl_call(backend, group, buf, schedule(algo, n, r, numel, nodes), add=add)()
         results[r] = buf.array
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]

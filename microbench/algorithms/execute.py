@@ -47,13 +47,15 @@ def _live(steps: list[Step]) -> list[Step]:
 
 # --- mpi ---
 
-def mpi_call(backend: Any, group: Any, buffer: Any, steps: list[Step]) -> BoundCall:
+def mpi_call(backend: Any, group: Any, buffer: Any, steps: list[Step],
+             scratch: Any = None) -> BoundCall:
     import numpy as np
 
     comm, types, dtype = group.handle, backend.types, buffer.dtype
     host = buffer.host
     dt, op = types.mpi_type(dtype), types.sum_op(dtype)
-    scratch = np.zeros(scratch_count(steps), dtype=host.dtype)
+    scratch = (np.zeros(scratch_count(steps), dtype=host.dtype) if scratch is None
+               else scratch.host)
     staged = hasattr(buffer, "pull")
     live = _live(steps)
 
@@ -79,12 +81,14 @@ def mpi_call(backend: Any, group: Any, buffer: Any, steps: list[Step]) -> BoundC
 
 # --- torch.distributed (gloo, or NCCL through torch) ---
 
-def torch_call(backend: Any, group: Any, tensor: Any, steps: list[Step]) -> BoundCall:
+def torch_call(backend: Any, group: Any, tensor: Any, steps: list[Step],
+               scratch: Any = None) -> BoundCall:
     import torch
     import torch.distributed as dist
 
     pg, ranks = group.handle, group.ranks
-    scratch = torch.zeros(scratch_count(steps), dtype=tensor.dtype, device=tensor.device)
+    if scratch is None:
+        scratch = torch.zeros(scratch_count(steps), dtype=tensor.dtype, device=tensor.device)
     plan = []
     for st in _live(steps):
         (s0, sc), (r0, rc) = st.send, st.recv
@@ -133,13 +137,15 @@ def cupy_adder(cupy: Any, stream: Any) -> Callable[[Any, int, Any, int, str], No
 
 
 def nccl_call(backend: Any, group: Any, buffer: Any, steps: list[Step],
+              scratch: Any = None,
               add: Callable[[Any, int, Any, int, str], None] | None = None) -> BoundCall:
     """ncclSend/ncclRecv of each step in one NCCL group (ncclSendrecv's pattern), then the
     sum of what arrived, all on the backend's stream; peers are indices of the group's
     communicator."""
     nccl, comm, stream = backend._nccl, group.handle, backend.stream
     dt, size, dtype = backend._types[buffer.dtype], buffer.array.itemsize, buffer.dtype
-    scratch = backend.empty(max(scratch_count(steps), 1), dtype)
+    if scratch is None:
+        scratch = backend.empty(max(scratch_count(steps), 1), dtype)
     add = add or cupy_adder(backend._cp, stream)
     live = _live(steps)
 

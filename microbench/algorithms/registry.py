@@ -11,7 +11,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from microbench.algorithms.execute import EXECUTORS
+from microbench.algorithms.execute import EXECUTORS, scratch_count
 from microbench.algorithms.schedules import ALGORITHMS, node_layout, schedule
 from microbench.argtypes import UsageError
 
@@ -29,6 +29,7 @@ class AlgoBackend:
 
     def __init__(self, inner: Any, algo: str, nodes: list[int]) -> None:
         self._inner, self.algo, self.nodes = inner, algo, nodes
+        self._scratches: dict[str, tuple[int, Any]] = {}
         if inner.name not in EXECUTORS:
             raise UsageError(f"--allreduce-algo is not available on backend {inner.name}")
         self._execute = EXECUTORS[inner.name]
@@ -49,11 +50,30 @@ class AlgoBackend:
                                  "to a divisor of the group") from None
         numel = _numel(send)
         steps = schedule(self.algo, group.size, group.index, numel, group_nodes)
-        return self._execute(self._inner, group, send, steps)
+        dtype = _dtype_name(send)
+        return self._execute(self._inner, group, send, steps,
+                             self._scratch(dtype, max(scratch_count(steps), 1)))
+
+    def _scratch(self, dtype: str, count: int) -> Any:
+        """One receive buffer per dtype for every all-reduce (they run one at a time), grown
+        to the largest step any of them receives: a pattern's hundreds of calls share it."""
+        have = self._scratches.get(dtype)
+        if have is None or have[0] < count:
+            have = self._scratches[dtype] = (count, self._inner.empty(count, dtype))
+        return have[1]
 
     def versions(self) -> dict[str, Any]:
         return {**self._inner.versions(), "allreduce_algo": self.algo,
                 "allreduce_algo_nodes": self.nodes}
+
+
+def _dtype_name(buffer: Any) -> str:
+    """The pattern dtype of a backend buffer (MPI and CuPy buffers carry it; a torch tensor
+    carries torch's)."""
+    if isinstance(buffer.dtype, str):
+        return buffer.dtype
+    from microbench.backends.torch_backend import TORCH_DTYPES
+    return next(name for name, dt in TORCH_DTYPES.items() if dt == buffer.dtype)
 
 
 def _numel(buffer: Any) -> int:
