@@ -92,3 +92,21 @@ def test_plan_algorithm_without_a_sendrecv_sweep_is_refused(cli, tmp_path):
                            "--gpus", "2", "--gpus-per-node", "2", "--prompt", "8",
                            "--decode", "4", "--allreduce-algo", "ring")
     assert status == 2 and out == "" and "sendrecv" in err and len(err.splitlines()) == 1
+
+
+def test_predict_prices_the_allreduce_as_the_algorithm(cli, tmp_path):
+    from tests.replay_helpers import tiny_model
+    from tests.test_plan import FLAT
+    from tests.test_predict import fake_sweep
+
+    sweep = fake_sweep(tmp_path / "sweep", FLAT)
+    got = {}
+    for algo in ("library", "ring"):
+        status, out, err = cli("predict", "--sweep", str(sweep), "--model",
+                               tiny_model(tmp_path), "--tp", "2", "--prompt", "8", "--decode",
+                               "4", "--engine", "vllm-v0", "--allreduce-algo", algo)
+        assert status == 0, err
+        got[algo] = json.loads(out.strip().splitlines()[-1])["predicted"]["allreduce_us"]
+    # 9 all-reduces a step, 4 steps (tests/test_plan.py): library 36 x 10 = 360 us;
+    # ring over 2 ranks, 2 steps of one 2 us message (half the flat 4 us sendrecv): 36 x 4
+    assert (got["library"], got["ring"]) == pytest.approx((360, 144))

@@ -49,6 +49,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--against", default=None, metavar="REPLAY_RUN",
                         help="a replay run: show its measured times beside the prediction "
                              "(its pattern is used when no --model is given)")
+    parser.add_argument("--allreduce-algo", default="library", metavar="ALGO",
+                        choices=("library", "ring", "recursive-doubling", "rabenseifner",
+                                 "hierarchical"),
+                        help="price every all-reduce as this algorithm from the sweeps' "
+                             "sendrecv fits (as plan --allreduce-algo); default library")
     add_pattern_arguments(parser, required=False)
     parser.set_defaults(run=run)
 
@@ -116,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
                          "with --ranks-per-node N")
     topology = topology_from(sweep_table(sweep), sweep_table(inter) if inter else None,
                              args.ranks_per_node)
+    from microbench.analysis.algo_costs import with_algorithm
+    topology = with_algorithm(topology, args.allreduce_algo)
     predicted, notes = predict_pattern(pattern, topology)
     from microbench.analysis.workload import measured_workload, predict_workload, workload_lines
     workload = predict_workload(pattern, topology)  # --requests: per-request figures
