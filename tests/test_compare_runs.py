@@ -243,4 +243,6 @@ def test_report_leaves_out_the_same_run_with_a_note(cli, tmp_path):
     status, _, err = cli("report", str(RUNS[0]), str(RUNS[0]), "-o", str(html))
     assert status == 0, err
     text = html.read_text()
-    assert "Note: B not compared with A: the same folder" in text and "<td>same</td>" not in text
+    # the folder given twice: one name, told apart by a count (report's run_labels)
+    assert "#2 not compared with drift-1 (mpi-host, MPICH 5.0.2) (00:18:43) #1: the same folder" \
+        in text and "<td>same</td>" not in text

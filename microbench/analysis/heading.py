@@ -42,3 +42,61 @@ def run_heading(run: RunFolder) -> str:
     if hosts:
         parts.append("hosts " + ", ".join(hosts[:4]) + (" ..." if len(hosts) > 4 else ""))
     return " | ".join(parts)
+
+
+def _library(meta: dict[str, Any]) -> str:
+    """The library that moved the bytes, in words: NCCL 2.21.5, MPICH 5.0.2, torch 2.13.0."""
+    v = meta.get("versions") or {}
+    for key, name in (("nccl", "NCCL"), ("mpi_library", ""), ("torch", "torch")):
+        if v.get(key):
+            text = re.sub(r"\s*Version:?\s*", " ", str(v[key]).split(",")[0]).strip()
+            text = " ".join(text.split())[:32]
+            return f"{name} {text}".strip()
+    return ""
+
+
+def _user_label(meta: dict[str, Any]) -> str:
+    """--label as given on the command line, unless it repeats what the heading says anyway
+    (the default's form, replay-MODEL-... or sweep-...)."""
+    argv = [str(a) for a in meta.get("argv") or []]
+    label = ""
+    for i, arg in enumerate(argv):
+        if arg == "--label" and i + 1 < len(argv):
+            label = argv[i + 1]
+        elif arg.startswith("--label="):
+            label = arg.split("=", 1)[1]
+    return "" if label.startswith(("replay-", "sweep-")) else label
+
+
+def run_labels(runs: list[RunFolder]) -> list[str]:
+    """A name per run for legends and tables that says what the run was, so that a figure
+    shared alone still reads: transport and library ("gloo, torch 2.13.0+cpu", "mpi-host,
+    MPICH 5.0.2"), after the user's --label when there is one ("drift-1 (mpi-host, ...)").
+    Runs of one kind that would share a name get their start time (UTC), then a count."""
+    names = []
+    for run in runs:
+        m = run.meta
+        what = ", ".join(x for x in (str(m.get("transport") or m.get("backend") or "?"),
+                                     _library(m)) if x)
+        user = _user_label(m)
+        names.append(f"{user} ({what})" if user else what)
+    out = list(names)
+    for i, run in enumerate(runs):
+        twins = [j for j, r in enumerate(runs) if names[j] == names[i] and r.kind == run.kind]
+        if len(twins) > 1:
+            stamp = str(run.meta.get("created_utc", ""))[11:19]
+            out[i] = f"{names[i]} ({stamp})" if stamp else names[i]
+    stamped = list(out)
+    for i, run in enumerate(runs):
+        twins = [j for j, r in enumerate(runs) if stamped[j] == stamped[i] and r.kind == run.kind]
+        if len(twins) > 1:
+            out[i] = f"{stamped[i]} #{twins.index(i) + 1}"
+    return out
+
+
+METRIC_WORDS = {"prefill_us": "prefill", "decode_step_us": "decode step", "e2e_us": "end to end"}
+
+
+def metric_words(metric: str) -> str:
+    """prefill_us -> prefill, allreduce_us -> allreduce: names for figures, not column keys."""
+    return METRIC_WORDS.get(metric, metric.removesuffix("_us"))

@@ -16,7 +16,7 @@ import numpy as np
 
 from microbench.analysis import figures
 from microbench.analysis.compare import compare_runs, mismatch, verdict_label
-from microbench.analysis.heading import run_heading
+from microbench.analysis.heading import metric_words, run_heading, run_labels
 from microbench.analysis.sameness import same_run
 from microbench.argtypes import UsageError
 from microbench.results.runs import RunFolder, replay_samples, run_pattern, sweep_table
@@ -32,10 +32,6 @@ class Entry:
     title: str
     figure: Any
     caption: str
-
-
-def _letter(i: int) -> str:
-    return chr(ord("A") + i)
 
 
 def phase_rows(runs: list[tuple[str, RunFolder]]) -> list[dict[str, Any]]:
@@ -103,8 +99,7 @@ def volume_rows(pattern: Pattern) -> tuple[list[dict[str, Any]], list[dict[str, 
 
 
 def sweep_rows(runs: list[tuple[str, RunFolder]]) -> list[dict[str, Any]]:
-    return [{**row, "label": f"{label}: {run.library()}"}
-            for label, run in runs for row in sweep_table(run)]
+    return [{**row, "label": label} for label, run in runs for row in sweep_table(run)]
 
 
 def comparison_rows(runs: list[tuple[str, RunFolder]], threshold: float,
@@ -124,9 +119,10 @@ def comparison_rows(runs: list[tuple[str, RunFolder]], threshold: float,
                 kept.append((label, run))
         if len(kept) < 2:
             continue
-        letters = {str(run.path): label for label, run in kept}
+        names = {str(run.path): label for label, run in kept}
         for c in compare_runs([run for _, run in kept], threshold):
-            rows.append({**c.as_dict(), "label": f"{c.metric} {letters[c.run]}/{kept[0][0]}"})
+            rows.append({**c.as_dict(), "label": f"{metric_words(c.metric)}: {names[c.run]} "
+                                                 f"/ {kept[0][0]}"})
     return rows
 
 
@@ -160,8 +156,9 @@ def predicted_rows(runs: list[tuple[str, RunFolder]], sweep: RunFolder,
             notes.append(f"{label}: not predicted: {err}")
             continue
         measured = {k: float(np.median(v)) for k, v in replay_samples(run).items()}
-        rows += [{"label": f"{label} {k}", "metric": k, "predicted_us": v,
-                  "measured_us": measured.get(k)} for k, v in predicted.items()]
+        rows += [{"label": f"{label}: {metric_words(k)}", "run": label,
+                  "metric": metric_words(k), "predicted_us": v, "measured_us": measured.get(k)}
+                 for k, v in predicted.items()]
     return rows
 
 
@@ -216,7 +213,7 @@ def build(paths: list[RunFolder], sweep: RunFolder | None, threshold: float,
     """Every figure the runs allow, and the tables the page shows beside them."""
     if not paths:
         raise UsageError("give at least one run folder")
-    runs = [(_letter(i), run) for i, run in enumerate(paths)]
+    runs = list(zip(run_labels(paths), paths, strict=True))
     replays = [(label, r) for label, r in runs if r.kind == "replay"]
     sweeps = [(label, r) for label, r in runs if r.kind == "sweep"]
     notes: list[str] = []
@@ -235,7 +232,7 @@ def build(paths: list[RunFolder], sweep: RunFolder | None, threshold: float,
                                  "Per inference, the summed time of each kind's calls on its "
                                  "slowest rank (runs with --timing op)."))
         seen: set[str] = set()
-        for label, run in replays:
+        for number, (label, run) in enumerate(replays, start=1):
             pattern = _pattern_or_note(label, run, notes)
             if pattern is None:
                 continue
@@ -244,7 +241,7 @@ def build(paths: list[RunFolder], sweep: RunFolder | None, threshold: float,
             if key in seen:
                 continue
             seen.add(key)
-            suffix = f"_{label}" if len(replays) > 1 else ""
+            suffix = f"_{number}" if len(replays) > 1 else ""  # file stems stay short
             title = (f"{pattern.model.name}, prompt {pattern.workload.prompt}, "
                      f"decode {pattern.workload.decode}")
             hist = [{"op": r.op, "bytes": r.bytes, "count": r.count}
@@ -331,6 +328,12 @@ def _us(value: Any) -> str:
     return "-" if value is None else format_us(float(value))
 
 
+def _ratio(row: dict[str, Any]) -> str:
+    if row["measured_us"] is None or not row["predicted_us"]:
+        return "-"
+    return f"{row['measured_us'] / row['predicted_us']:.2f}"
+
+
 def render_html(entries: list[Entry], tables: dict[str, Any]) -> str:
     runs: list[tuple[str, RunFolder]] = tables["runs"]
     # one run: the page says what ran (model, layout, workload, versions, hosts) in its title
@@ -357,9 +360,9 @@ def render_html(entries: list[Entry], tables: dict[str, Any]) -> str:
                              for c in tables["comparisons"]]))
     if "predicted" in tables:
         parts.append("<h2>Predicted vs measured</h2>")
-        parts.append(_table(["metric", "predicted", "measured"],
-                            [[r["label"], _us(r["predicted_us"]), _us(r["measured_us"])]
-                             for r in tables["predicted"]]))
+        parts.append(_table(["run", "metric", "predicted", "measured", "measured / predicted"],
+                            [[r["run"], r["metric"], _us(r["predicted_us"]),
+                              _us(r["measured_us"]), _ratio(r)] for r in tables["predicted"]]))
     if "plan" in tables:
         parts.append("<h2>Layouts (plan)</h2>")
         parts.append("<p>Communication only: the floor under TTFT and TPOT that no kernel "
