@@ -19,7 +19,8 @@ import pytest
 from microbench.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+         ROOT / "results" / "examples" / "README.md"]
 # failures.md shows bad input on purpose; tests/test_docs_failures.py runs each of its examples
 CHECKED = [p for p in PAGES if p.name != "failures.md"]
 FENCE = re.compile(r"^```bash\s*\n(.*?)^```", re.S | re.M)
@@ -64,7 +65,8 @@ def commands(pages: list[Path]) -> list[tuple[str, list[str]]]:
         for line in bash_lines(page.read_text()):
             argv = infercomm_argv(line)
             if argv is not None:
-                found.append((f"{page.relative_to(ROOT)}: {line}", argv))
+                where = page.relative_to(ROOT) if page.is_relative_to(ROOT) else page.name
+                found.append((f"{where}: {line}", argv))
     return found
 
 
@@ -134,6 +136,28 @@ def test_a_stale_flag_fails(tmp_path: Path):
     # and the same command with the real flag parses
     assert parse_error(["pattern", "--model", "tiny", "--tp", "2", "--prompt", "8",
                         "--decode", "4"]) is None
+
+
+def test_the_checker_fails_a_page_with_a_flag_that_does_not_exist(tmp_path: Path):
+    # The very path the real pages take (commands() then parse_error, as
+    # test_every_command_parses): a fake page with one stale flag is caught, its real
+    # neighbours pass.
+    page = tmp_path / "fake.md"
+    page.write_text("```bash\ninfercomm models\n"
+                    "infercomm replay --model tiny --tp 2 --no-such-flag\n"
+                    "infercomm replay --model tiny --tp 2 --prompt 8 --decode 4 --backend mpi\n"
+                    "```\n")
+    found = commands([page])
+    assert [where for where, _ in found] == [
+        "fake.md: infercomm models", "fake.md: infercomm replay --model tiny --tp 2 "
+        "--no-such-flag", "fake.md: infercomm replay --model tiny --tp 2 --prompt 8 "
+        "--decode 4 --backend mpi"]
+    errors = [parse_error(argv) for _, argv in found]
+    assert errors[0] is None and errors[2] is None
+    assert errors[1] is not None and "unrecognized arguments: --no-such-flag" in errors[1]
+    with pytest.raises(AssertionError, match="--no-such-flag"):
+        test_every_command_parses(*found[1])
+    test_every_command_parses(*found[0])
 
 
 # Pages others are writing at the same time; empty this set once they have landed.
