@@ -24,12 +24,26 @@ Capture, per backend:
 - nccl (CuPy): one warm-up on the backend's stream, then `Stream.begin_capture()` (CuPy's
   default relaxed mode) / `end_capture()` -> `cupy.cuda.Graph`; the launch is
   `graph.launch(stream)`.
-Every rank warms up and captures its decode runs in plan order, so the warm-up calls of one
-rank meet their peers' (NCCL requires a captured call to be captured on every rank of its
-communicator, and each graph to be launched by all of them; the replay does both).
+Which steps are captured is a pure function of the pattern that every rank computes alike
+(replay/graph_spans.py): the step timeline is cut wherever any rank's run changes, and a piece
+is captured only where every rank decodes, so the warm-ups and captures of one rank meet
+their peers' (NCCL requires a captured call to be captured on every rank of its communicator,
+and each graph to be launched by all of them). Point-to-point calls (PP send/recv) stay out
+of the graphs and are issued eagerly between them, as vLLM moves intermediate tensors between
+its stages' graphs: in vllm-project/vllm vllm/v1/worker/gpu_worker.py @ 35d5cda1
+`execute_model`, a later stage's `get_pp_group().recv_tensor_dict(...)` runs before
+`model_runner.execute_model` (whose model forward is the captured part) and the
+`send_tensor_dict` of its IntermediateTensors after it. Torch P2P under capture is also
+fragile (pytorch/pytorch#133984). A pattern generated with --eager (an engine without
+graphs) is replayed eagerly by default and refuses an explicit --graph decode.
+
+Teardown: NCCL's destroy/finalize waits until every graph that captured the communicator is
+destroyed (commDestroySync, src/init.cc @ 5067397c), so `release_graphs` drops and resets
+every graph before the backend closes.
 """
 
 import contextlib
+import gc
 import os
 from collections.abc import Callable
 from functools import partial
@@ -37,13 +51,26 @@ from typing import Any
 
 from microbench.argtypes import UsageError
 from microbench.backends import Backend, BoundCall
-from microbench.replay.plan import Plan
-from patterns import Phase
+from microbench.replay.plan import BoundOp, BoundRun, Plan
+from patterns import OpKind, Pattern, Phase
 
 MODES = ("decode", "none")
 CAPTURING_BACKENDS = ("torch", "nccl")
 
 Capture = Callable[[list[BoundCall]], BoundCall]
+P2P = (OpKind.SEND, OpKind.RECV)
+
+
+def eager_pattern_mode(pattern: Pattern, requested: str | None) -> str | None:
+    """An --eager pattern (the engine runs no CUDA graphs) replays eagerly: `none` by
+    default, an explicit --graph decode refused in one line."""
+    if not pattern.options.eager:
+        return requested
+    if requested == "decode":
+        raise UsageError("--graph decode captures CUDA graphs, but the pattern was generated "
+                         "with --eager (an engine that runs none); drop --graph decode or "
+                         "--eager")
+    return "none"
 
 
 def resolve_mode(requested: str | None, backend: str, device: str, level: str) -> str:
@@ -70,19 +97,76 @@ def resolve_mode(requested: str | None, backend: str, device: str, level: str) -
 
 
 def use_graphs(plan: Plan, backend: Backend, capture: Capture | None = None) -> int:
-    """Replace each decode run's calls by one launch of a graph of its step (calls added to
-    the run after its ops, such as test faults, stay after the launch). Returns the number
+    """Cut the plan's runs at the pattern's global pieces and replace the calls of every
+    captured piece by graph launches, point-to-point calls left eager between them (calls
+    added to a run after its ops, such as test faults, stay after them). Returns the number
     of graphs. Every rank calls this at the same point: the warm-ups communicate."""
     capture = capture or capture_function(backend)
-    graphs = 0
+    pieces = plan.pieces if plan.pieces is not None else _own_decode_runs(plan)
+    runs: list[BoundRun] = []
+    step = 0
     for run in plan.runs:
-        if run.phase != Phase.DECODE or not run.ops:
-            continue
-        launch = capture([op.call for op in run.ops])
-        run.calls = [launch, *run.calls[len(run.ops):]]
-        graphs += 1
+        extra = run.calls[len(run.ops):]
+        for start, end, captured in pieces:
+            lo, hi = max(start, step), min(end, step + run.repeat)
+            if lo >= hi:
+                continue
+            calls = (_captured_step(run.ops, capture, plan.graphs)
+                     if captured and run.phase == Phase.DECODE and run.ops
+                     else [op.call for op in run.ops])
+            runs.append(BoundRun(run.phase, hi - lo, run.ops, [*calls, *extra]))
+        step += run.repeat
+    plan.runs[:] = runs
     backend.synchronize()
-    return graphs
+    return len(plan.graphs)
+
+
+def _own_decode_runs(plan: Plan) -> tuple[tuple[int, int, bool], ...]:
+    """A plan built by hand (no pattern): each of its decode runs is a piece."""
+    pieces, step = [], 0
+    for run in plan.runs:
+        pieces.append((step, step + run.repeat, run.phase == Phase.DECODE))
+        step += run.repeat
+    return tuple(pieces)
+
+
+def _captured_step(ops: list[BoundOp], capture: Capture,
+                   graphs: list[BoundCall]) -> list[BoundCall]:
+    """One step's calls: each stretch of collectives one graph launch, P2P calls eager."""
+    calls: list[BoundCall] = []
+    stretch: list[BoundCall] = []
+    for op in ops:
+        if op.op is not None and op.op.kind in P2P:
+            if stretch:
+                graphs.append(capture(stretch))
+                calls.append(graphs[-1])
+                stretch = []
+            calls.append(op.call)
+        else:
+            stretch.append(op.call)
+    if stretch:
+        graphs.append(capture(stretch))
+        calls.append(graphs[-1])
+    return calls
+
+
+def release_graphs(plan: Plan, backend: Backend) -> None:
+    """Drop every graph the plan launches, and its memory pool, before the backend closes:
+    ncclCommDestroy/ncclCommFinalize wait for every graph that captured the communicator
+    (commDestroySync, NVIDIA/nccl src/init.cc @ 5067397c), and torch's
+    destroy_process_group finalizes its communicators the same way."""
+    if not plan.graphs:
+        return
+    backend.synchronize()  # no launch still in flight
+    launches = {id(g) for g in plan.graphs}
+    for run in plan.runs:
+        run.calls = [call for call in run.calls if id(call) not in launches]
+    for launch in plan.graphs:
+        reset = getattr(getattr(launch, "__self__", None), "reset", None)
+        if reset is not None:  # torch.cuda.CUDAGraph: frees the graph and its pool now
+            reset()
+    plan.graphs.clear()
+    gc.collect()  # CuPy's Graph is destroyed with its last reference
 
 
 def capture_function(backend: Backend) -> Capture:

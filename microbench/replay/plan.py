@@ -5,10 +5,11 @@ group. Every rank creates every group in the same order, as torch.distributed re
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from microbench.backends import Backend, BoundCall, Group
+from microbench.replay.graph_spans import graph_pieces
 from patterns import Op, OpKind, Pattern, Phase
 from patterns.dtypes import dtype_bytes
 from patterns.groups import GROUP_KINDS, group_size, groups
@@ -37,6 +38,10 @@ class Plan:
     stage: int
     runs: list[BoundRun]
     buffers: dict[tuple[str, int, str], Any]
+    # Global step pieces of the inference, captured or eager alike on every rank
+    # (replay/graph_spans.py); None for a plan built by hand: its own decode runs.
+    pieces: tuple[tuple[int, int, bool], ...] | None = None
+    graphs: list[BoundCall] = field(default_factory=list)  # graph launches in runs' calls
 
     @property
     def calls_per_inference(self) -> int:
@@ -153,4 +158,4 @@ def build_plan(pattern: Pattern, backend: Backend) -> Plan:
     for run in pattern.runs_of_rank(backend.rank):
         ops = [bind(op) for op in run.step.ops]
         runs.append(BoundRun(run.phase, run.repeat, ops, [b.call for b in ops]))
-    return Plan(backend.rank, stage, runs, buffers)
+    return Plan(backend.rank, stage, runs, buffers, graph_pieces(pattern))

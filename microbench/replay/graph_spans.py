@@ -1,0 +1,52 @@
+"""Where CUDA graphs may be cut: a pure function of the pattern, the same on every rank.
+
+NCCL: "Whether an operation launch is graph-captured is considered a collective property of
+that operation and therefore must be uniform over all ranks participating in the launch"
+(NVIDIA/nccl docs/userguide/source/usage/cudagraph.rst @ 5067397c), and each capture's
+warm-up is real communication, so every member of a communicator must warm up, capture and
+launch the same graphs in the same order. Cutting graphs from each rank's own run list
+breaks that as soon as ranks' run lists differ (uneven `--dp-batches`: one DP rank still
+prefills while another decodes, and its decode runs are cut elsewhere).
+
+So the cuts come from the whole pattern: the step timeline is cut wherever any rank's run
+changes (every DP rank, every stage), and a piece is captured only if every rank of the world
+is decoding throughout it. vLLM does the same agreement at run time: DP ranks exchange their
+batch and cudagraph mode before each step and fall back to eager together
+(vllm/v1/worker/dp_utils.py `_synchronize_dp_ranks` @ c8109375, cited in patterns/dp_steps.py).
+Every rank computes the same pieces from the same pattern, so no exchange is needed here.
+"""
+
+import itertools
+
+from patterns import Pattern, Phase
+
+Piece = tuple[int, int, bool]  # [start step, end step), captured
+
+
+def graph_pieces(pattern: Pattern) -> tuple[Piece, ...]:
+    """The global step pieces of one inference, each captured or eager on every rank."""
+    timelines = [runs for replica in pattern.replicas() for runs in replica]
+    cuts: set[int] = {0}
+    ends = []
+    for runs in timelines:
+        step = 0
+        for run in runs:
+            step += run.repeat
+            cuts.add(step)
+        ends.append(step)
+    points = sorted(cuts)
+    pieces = []
+    for start, end in itertools.pairwise(points):
+        captured = all(_phase_at(runs, start) == Phase.DECODE for runs in timelines)
+        pieces.append((start, end, captured))
+    return tuple(pieces)
+
+
+def _phase_at(runs: tuple, step: int) -> Phase | None:
+    """The phase of the run covering `step` (None past the end of this rank's steps)."""
+    at = 0
+    for run in runs:
+        at += run.repeat
+        if step < at:
+            return run.phase
+    return None
