@@ -19,6 +19,14 @@ from microbench.ranks.dist import detect, first_slurm_host, slurm_port
     ({"PMI_RANK": "0", "PMI_SIZE": "4", "SLURM_PROCID": "0", "SLURM_NTASKS": "4",
       "SLURM_JOB_ID": "45000", "SLURM_STEP_NODELIST": "n1,n2"},
      ("pmi", 0, 4, 0, "n1", 25000)),
+    # srun --mpi=pmi2: no MPI_LOCALRANKID (Hydra's), so the local rank is SLURM_LOCALID.
+    ({"PMI_RANK": "5", "PMI_SIZE": "8", "SLURM_PROCID": "5", "SLURM_NTASKS": "8",
+      "SLURM_LOCALID": "1", "SLURM_JOB_ID": "45000", "SLURM_STEP_NODELIST": "n1,n2"},
+     ("pmi", 5, 8, 1, "n1", 25000)),
+    # mpiexec (Hydra) inside an allocation: its proxy's SLURM_LOCALID (0) is not the rank's.
+    ({"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "SLURM_PROCID": "0",
+      "SLURM_LOCALID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "45000"},
+     ("pmi", 3, 4, 1, "127.0.0.1", 25000)),
 ])
 def test_detect(env, expected):
     d = detect(env)
@@ -39,3 +47,9 @@ def test_first_slurm_host(nodelist, first):
 
 def test_slurm_port_without_job():
     assert slurm_port("") == 29500 and slurm_port("39999") == 39999
+
+
+def test_local_rank_names_its_variable():
+    srun_pmi2 = {"PMI_RANK": "5", "PMI_SIZE": "8", "SLURM_PROCID": "5", "SLURM_LOCALID": "1"}
+    assert detect(srun_pmi2).local_var == "SLURM_LOCALID"
+    assert detect({"PMI_RANK": "0", "PMI_SIZE": "1"}).local_var == ""  # none set: unknown

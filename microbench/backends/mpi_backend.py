@@ -11,6 +11,7 @@ import numpy as np
 
 from microbench.argtypes import UsageError
 from microbench.backends import BoundCall, Group, displacements, register
+from microbench.ranks.device import check_device_index
 from microbench.ranks.dist import DistEnv
 
 mpi4py.rc.threads = False  # one thread issues every call; no MPI_THREAD_MULTIPLE locking
@@ -61,7 +62,9 @@ class MpiBackend:
         if device == "cuda":
             import torch
             self._torch = torch
-            torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
+            # run_rank selected this device before this module's import ran MPI_Init
+            # (ranks/device.py); set again for a backend opened directly, never wrapped round.
+            torch.cuda.set_device(check_device_index(env, torch.cuda.device_count()))
         self.transport = ("mpi-staging" if self.staging
                           else "mpi-cuda-aware" if device == "cuda" else "mpi-host")
 
@@ -84,6 +87,10 @@ class MpiBackend:
         device_tensor = torch.zeros(numel, dtype=torch.uint8 if host.itemsize == 1 else
                                     {2: torch.int16, 4: torch.int32, 8: torch.int64}[host.itemsize],
                                     device="cuda")
+        # The zero fill is asynchronous and mpi4py hands MPI the tensor through DLPack with
+        # stream=-1, no synchronisation (asdlpack.pxi @ 7c8dac2c): "GPU buffers must be fully
+        # ready before any MPI routines operate on them" (mpi4py docs/source/tutorial.rst).
+        torch.cuda.current_stream().synchronize()
         return _DeviceBuffer(device_tensor, host, dtype)
 
     def _spec(self, buffer: Any, staged: bool) -> list[Any]:
@@ -93,9 +100,14 @@ class MpiBackend:
     def staged_reduction(self, kind: str, dtype: str) -> bool:
         """A user-defined sum (bf16; fp16 without MPIX_C_FLOAT16) runs in Python on host
         memory: with device buffers its reductions go through the host even when MPI is
-        CUDA-aware (the library would hand the operation device pointers)."""
+        CUDA-aware (the library would hand the operation device pointers).
+
+        The library's own 16-bit sums (MPIX_BFLOAT16, MPIX_C_FLOAT16 with MPI_SUM) are
+        staged too on device buffers: `sum_rounding` checked them on host memory only, and
+        whether a GPU reduction path (MPICH's yaksa, UCX) sums these types on device memory is
+        not known until it runs there; meta.json's staged_reductions lists them."""
         return (self.device == "cuda" and kind in ("allreduce", "reducescatter")
-                and self.types.sum_op(dtype) != MPI.SUM)
+                and (self.types.sum_op(dtype) != MPI.SUM or dtype in ("bf16", "fp16")))
 
     def bind(self, kind: str, group: Group, send: Any, recv: Any,
              peer_or_root: int | None, counts: tuple[int, ...] | None = None) -> BoundCall:

@@ -76,7 +76,8 @@ class NcclBackend:
     def __init__(self, env: DistEnv, timeout: float, cupy: Any, nccl: Any) -> None:
         self.rank, self.world_size = env.rank, env.world_size
         self._cp, self._nccl = cupy, nccl
-        cupy.cuda.Device(env.local_rank % cupy.cuda.runtime.getDeviceCount()).use()
+        from microbench.ranks.device import check_device_index  # no silent wrap-around
+        cupy.cuda.Device(check_device_index(env, cupy.cuda.runtime.getDeviceCount())).use()
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self._types = {d: getattr(nccl, n, _NCCL_BFLOAT16 if d == "bf16" else None)
                        for d, n in _NCCL_TYPE_NAMES.items()}

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from microbench.backends import BoundCall, Group, register
+from microbench.ranks.device import check_device_index
 from microbench.ranks.dist import DistEnv, resolve_master_addr
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
@@ -27,10 +28,17 @@ class TorchBackend:
 
     def __init__(self, env: DistEnv, device: str, timeout: float, **_: Any) -> None:
         self.device = device
+        bound: dict[str, Any] = {}
         if device == "cuda":
-            torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
+            index = check_device_index(env, torch.cuda.device_count())  # no wrap-around
+            torch.cuda.set_device(index)
             self.transport = "nccl"
-            self._torch_device = torch.device("cuda", torch.cuda.current_device())
+            self._torch_device = torch.device("cuda", index)
+            # device_id binds the process group to this rank's GPU: without it a barrier on
+            # a group no call has used guesses `rank % GPUs` from the global rank
+            # (ProcessGroupNCCL::guessDeviceForRank), another GPU than this rank's on a
+            # second node; with it the communicator is created eagerly on the right device.
+            bound["device_id"] = self._torch_device
         else:
             self.transport = "gloo"
             self._torch_device = torch.device("cpu")
@@ -38,7 +46,7 @@ class TorchBackend:
         warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
         dist.init_process_group(self.transport, init_method=f"tcp://{addr}:{env.master_port}",
                                 rank=env.rank, world_size=env.world_size,
-                                timeout=timedelta(seconds=timeout))
+                                timeout=timedelta(seconds=timeout), **bound)
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
 
@@ -96,7 +104,10 @@ class TorchBackend:
         return buffer.detach().to("cpu", torch.float64).numpy()
 
     def barrier(self) -> None:
-        dist.barrier()
+        if self.device == "cuda":  # this rank's GPU, never one guessed from the global rank
+            dist.barrier(device_ids=[self._torch_device.index])
+        else:
+            dist.barrier()
 
     def synchronize(self) -> None:
         if self.device == "cuda":

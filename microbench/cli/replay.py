@@ -132,18 +132,21 @@ def run(args: argparse.Namespace) -> int:
     return run_rank(pattern, env, args)
 
 
-def check_rank_fits(pattern: Pattern, rank: int, device: str, args: argparse.Namespace) -> None:
-    """Refuse, before allocating, buffers that this rank's memory cannot hold."""
+def check_rank_fits(pattern: Pattern, rank: int, device: str, args: argparse.Namespace,
+                    index: int = 0) -> None:
+    """Refuse, before allocating, buffers that this rank's memory cannot hold: on a GPU, the
+    free memory of the rank's own device `index` (selected already), less a reserve for the
+    CUDA context and the NCCL communicators (ranks/device.py)."""
+    from microbench.ranks.device import free_device_bytes, reserve_bytes
     from microbench.replay.footprint import available_host_bytes, check_fits
 
     iterations = args.warmup + args.iters
     if device == "cuda":
-        try:
-            import torch
-            free: int | None = int(torch.cuda.mem_get_info()[0])
-        except ImportError:  # the nccl backend runs on CuPy alone
-            free = None
-        check_fits(pattern, [rank], "inference", 0, free, "GPU memory")
+        free = free_device_bytes(args.backend, index)
+        reserve, comms = reserve_bytes(pattern)
+        check_fits(pattern, [rank], "inference", 0, max(free - reserve, 0),
+                   f"GPU {index} memory beyond a {format_bytes(reserve)} reserve for its "
+                   f"context and {comms} NCCL communicators")
     check_fits(pattern, [rank], args.timing, iterations, available_host_bytes(), "host memory")
 
 
@@ -193,7 +196,9 @@ def run_rank(pattern: Pattern, env: dist.DistEnv, args: argparse.Namespace) -> i
     try:
         device = resolve_device(args.device, args.backend)
         args.graph = resolve_mode(args.graph, args.backend, device, args.timing)
-        check_rank_fits(pattern, env.rank, device, args)
+        from microbench.ranks.device import select_device
+        index = select_device(env, args.backend) if device == "cuda" else 0  # before MPI_Init
+        check_rank_fits(pattern, env.rank, device, args, index)
         backend = open_backend(args.backend, env=env, device=device, timeout=args.timeout,
                                staging=args.mpi_staging)
         from microbench.algorithms.args import wrap

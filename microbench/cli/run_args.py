@@ -51,7 +51,11 @@ def resolve_device(requested: str, backend: str = "torch") -> str:
             raise UsageError("--device cuda asked for, but no CUDA device is visible; "
                              "use --device cpu")
         return requested
-    return "cuda" if _cuda_available(backend) else "cpu"
+    if _cuda_available(backend):
+        return "cuda"
+    from microbench.ranks.device import refuse_gpu_job_without_gpu
+    refuse_gpu_job_without_gpu(backend)  # a job that asked for GPUs and sees none
+    return "cpu"
 
 
 def buffers_on_cpu(requested: str, backend: str) -> bool:
@@ -154,4 +158,7 @@ def check_backend_options(args: argparse.Namespace) -> None:
                              "buffers are on the CPU already; drop it or use --device cuda")
     if args.graph == "decode" and device == "auto":
         device = resolve_device(device, args.backend)  # a CPU-only machine: refuse here
+    from microbench.ranks.device import gpus_asked
+    if device == "auto" and gpus_asked():  # a GPU job that sees no GPU: refused before start
+        resolve_device(device, args.backend)
     resolve_mode(args.graph, args.backend, device, args.timing)

@@ -1,7 +1,13 @@
 """The distributed environment, read in one place.
 
-Rank, local rank and world size come from the first launcher whose variables are set, in
-this order: torchrun, Open MPI, PMI (MPICH's hydra, srun --mpi=pmi2), Slurm. The rendezvous
+Rank and world size come from the first launcher whose variables are set, in this order:
+torchrun, Open MPI, PMI (MPICH's hydra, srun --mpi=pmi2), Slurm. The local rank comes from
+the same launcher, except under PMI: Hydra sets MPI_LOCALRANKID, Slurm's pmi2 plugin does not
+(it sets PMI_FD, PMI_JOBID, PMI_RANK, PMI_SIZE only: SchedMD/slurm
+src/plugins/mpi/pmi2/mpi_pmi2.c p_mpi_hook_slurmstepd_task @ 084787c0), so a task srun started
+(SLURM_PROCID equal to PMI_RANK) takes SLURM_LOCALID whatever --mpi. SLURM_LOCALID is never
+read for a task another launcher started inside an allocation: there it is the local id of the
+launcher's own proxy (0 on every node), not the rank's. The rendezvous
 address of the torch backend comes from MASTER_ADDR/MASTER_PORT, else from Slurm's node list
 and job id, else the local host.
 """
@@ -30,6 +36,7 @@ class DistEnv:
     local_rank: int
     master_addr: str
     master_port: int
+    local_var: str = ""  # the variable the local rank was read from; "" when none was set
 
 
 def first_slurm_host(nodelist: str) -> str:
@@ -57,6 +64,9 @@ def detect(environ: Mapping[str, str] | None = None) -> DistEnv | None:
         return None
     launcher, rank_var, size_var, local_var = found
     rank, size = int(env[rank_var]), int(env[size_var])
+    if (launcher == "pmi" and local_var not in env and "SLURM_LOCALID" in env
+            and env.get("SLURM_PROCID") == env[rank_var]):
+        local_var = "SLURM_LOCALID"  # srun --mpi=pmi2 started this task
     local = int(env.get(local_var, "0") or 0)
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")
     addr = env.get("MASTER_ADDR") or (first_slurm_host(nodelist) if nodelist else "127.0.0.1")
@@ -64,7 +74,8 @@ def detect(environ: Mapping[str, str] | None = None) -> DistEnv | None:
         port = int(env["MASTER_PORT"])
     else:
         port = slurm_port(env.get("SLURM_JOB_ID", ""))
-    return DistEnv(launcher, rank, size, local, addr, port)
+    return DistEnv(launcher, rank, size, local, addr, port,
+                   local_var if local_var in env else "")
 
 
 def resolve_master_addr(addr: str) -> str:

@@ -1,4 +1,5 @@
-"""Timestamps taken inside an inference: a monotonic clock on CPUs, CUDA events on GPUs.
+"""Timestamps taken inside an inference: a monotonic clock on CPUs and for host-blocking
+backends (MPI), CUDA events on the communication stream of GPU backends (torch, nccl).
 
 Both record into preallocated storage with one cheap call (`mark`) and are read only after
 the inference, so nothing on the replay path waits for the device.
@@ -79,5 +80,12 @@ def _torch_elapsed_ms(start: Any, end: Any) -> float:
 
 
 def make_marks(device: str, capacity: int, stream: Any = None) -> Marks:
-    """CUDA events on `stream` (the backend's communication stream) on GPUs, else a clock."""
-    return CudaMarks(capacity, stream) if device == "cuda" else CpuMarks(capacity)
+    """CUDA events on `stream` (the backend's communication stream) on GPUs, else a clock.
+
+    A backend on a GPU without a stream (MPI, whose calls block the host until they are done,
+    CUDA-aware or staged) gets the host clock too: an event recorded after a blocking call
+    lands on an idle stream and is stamped when the GPU's front end reaches it, which adds
+    launch latency and jitter to a time the host already knows exactly.
+    """
+    return CudaMarks(capacity, stream) if device == "cuda" and stream is not None \
+        else CpuMarks(capacity)

@@ -1,0 +1,129 @@
+"""Which GPU a rank uses, chosen once, before MPI starts and before any CUDA query.
+
+The rank's device is its local rank (`dist.detect`: the launcher's own variable, SLURM_LOCALID
+for a task srun started). Order matters on a real node:
+
+- before any memory query: `torch.cuda.mem_get_info()` with no device reads (and creates a
+  context on) `current_device()`, device 0 until `set_device` (torch/cuda/memory.py), so every
+  rank would check GPU 0 and ranks > 0 fail under EXCLUSIVE_PROCESS compute mode;
+- before MPI_Init: UCX "uses closest NICs to the CUDA GPU which is set before the
+  initialization of the library" (NVIDIA HPC-X docs, multi-gpu support); `from mpi4py import
+  MPI` runs MPI_Init, so the mpi backend's module is imported only after this selection;
+- no wrap-around: a local rank at or above the device count would share a GPU (nccl and torch
+  then fail with "Duplicate GPU detected", MPI times two ranks on one device), so it is refused.
+
+The nccl backend uses CuPy, which works beside a CPU build of torch, so its device is chosen
+and counted through CuPy there, never through torch.cuda (which raises AssertionError on a CPU
+build).
+"""
+
+import os
+from typing import Any
+
+from microbench.argtypes import UsageError
+from microbench.ranks.dist import DistEnv
+
+# What a job asked for when it asked for GPUs, in the order they are reported.
+_GPU_REQUESTS = ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE", "SLURM_GPUS_PER_TASK",
+                 "SLURM_GPUS", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "CUDA_VISIBLE_DEVICES")
+
+
+def gpus_asked(environ: Any = None) -> str | None:
+    """The variable saying this job asked for GPUs ('SLURM_GPUS_ON_NODE=4'), or None.
+
+    Slurm sets SLURM_GPUS_ON_NODE, SLURM_JOB_GPUS and SLURM_STEP_GPUS for a job or step that
+    asked for GPUs (--gpus-per-node, --gpus, --gpus-per-task; sbatch/srun man pages, OUTPUT
+    ENVIRONMENT VARIABLES); a CUDA_VISIBLE_DEVICES naming devices is a request too. An empty
+    value, '0', or CUDA_VISIBLE_DEVICES set to '' / '-1' / 'NoDevFiles' (Slurm's value when a
+    node has GPUs but the job asked for none) is no request.
+    """
+    env = os.environ if environ is None else environ
+    for name in _GPU_REQUESTS:
+        value = env.get(name, "").strip()
+        if value and value not in ("0", "-1", "NoDevFiles"):
+            return f"{name}={value}"
+    return None
+
+
+def device_count(backend: str) -> int:
+    """GPUs this process sees, through the library whose buffers the backend uses."""
+    if backend == "nccl":
+        try:
+            import cupy
+            return int(cupy.cuda.runtime.getDeviceCount())
+        except Exception:  # no CuPy, no driver or no device: CuPy raises its own errors
+            return 0
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
+def check_device_index(env: DistEnv, count: int) -> int:
+    """The rank's device: its local rank, refused when this host has no such GPU."""
+    if env.local_rank >= count:
+        source = env.local_var or "no launcher variable (taken as 0)"
+        raise UsageError(
+            f"rank {env.rank} has local rank {env.local_rank} (from {source}) but this host "
+            f"sees {count} GPU{'s' if count != 1 else ''}; start at most {count} ranks a node "
+            "(srun --ntasks-per-node, torchrun --nproc-per-node) or ask for more GPUs "
+            "(--gpus-per-node)")
+    return env.local_rank
+
+
+def select_device(env: DistEnv, backend: str) -> int:
+    """Make the rank's GPU current, before MPI_Init and before any other CUDA call."""
+    index = check_device_index(env, device_count(backend))
+    if backend == "nccl":
+        import cupy
+        cupy.cuda.Device(index).use()
+        return index
+    import torch
+    torch.cuda.set_device(index)
+    return index
+
+
+def free_device_bytes(backend: str, index: int) -> int:
+    """Free memory of the rank's own device (selected first), through the backend's library."""
+    if backend == "nccl":
+        import cupy
+        with cupy.cuda.Device(index):
+            return int(cupy.cuda.runtime.memGetInfo()[0])
+    import torch
+    return int(torch.cuda.mem_get_info(index)[0])
+
+
+def refuse_gpu_job_without_gpu(backend: str, environ: Any = None) -> None:
+    """`--device auto` in a job that asked for GPUs but sees none (a wrong module, a missing
+    --gpus-per-node on the step) is refused rather than replayed on CPUs over gloo."""
+    asked = gpus_asked(environ)
+    if asked is None:
+        return
+    found = ("cupy.cuda.runtime.getDeviceCount() is 0 or CuPy is missing" if backend == "nccl"
+             else "torch.cuda.device_count() is 0")
+    raise UsageError(f"this job asked for GPUs ({asked}) but {found}; load a CUDA build of "
+                     "the library, ask for GPUs on the step (srun --gpus-per-node), or pass "
+                     "--device cpu to replay on CPUs")
+
+
+# What a rank's GPU holds besides the replay's buffers (R10 of the GPU review): the CUDA
+# context and torch's graph pool ("a few hundred MiB on H100"), and each NCCL communicator's
+# channel buffers (NCCL_BUFFSIZE, 4 MiB by default, per channel and peer and protocol; NVLS
+# buffers on NVSwitch systems): "hundreds of MiB to >1 GiB per communicator". An estimate, not
+# a measurement: it keeps a replay that would fail in ncclCommInitRank from starting.
+CONTEXT_RESERVE = 512 << 20
+COMM_RESERVE = 512 << 20
+
+
+def communicators_of(pattern: Any) -> int:
+    """The world communicator plus each tp/pp/dp/ep group of more than one rank."""
+    from patterns.groups import group_size
+    return 1 + sum(1 for kind in ("tp", "pp", "dp", "ep")
+                   if group_size(pattern.layout, kind) > 1)
+
+
+def reserve_bytes(pattern: Any) -> tuple[int, int]:
+    """(bytes kept back from a rank's free GPU memory, communicators counted)."""
+    comms = communicators_of(pattern)
+    return CONTEXT_RESERVE + comms * COMM_RESERVE, comms
