@@ -151,6 +151,10 @@ def test_figures_name_runs_by_what_they_were():
         lambda a: hasattr(a, "get_text"))]
     assert not any("Version" in t for t in every)
     assert not any(t.strip() in ("A", "B", "C", "D") for t in every)
+    # the sample's plan: DP2 (two replicas of a dense model) prices at 0 and is said
+    plan = figs["plan_layouts"].axes[0]
+    assert [t.get_text() for t in plan.get_xticklabels()] == ["PP2", "TP2", "DP2"]
+    assert plan.get_yscale() == "linear" and plan.texts[2].get_text() == "0: no communication"
     ratio = figs["ratios"].axes[0]
     assert ratio.get_title() == f"Run vs baseline: {names[1]} / {names[0]}"
     assert ratio.get_yticklabels()[0].get_text() == "prefill"
