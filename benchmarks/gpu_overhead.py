@@ -132,6 +132,23 @@ class Case:
             self.replayers[way] = Replayer(plan, backend, "inference", watchdog, graph)
         self.marks = make_marks("cuda", 2, backend.stream)
 
+    def release(self) -> None:
+        """Drop every graph of this case: NCCL's destroy/finalize waits for every graph
+        that captured the communicator (commDestroySync, nccl src/init.cc @ 5067397c)."""
+        import gc
+
+        from microbench.replay.graphs import release_graphs
+
+        self.backend.synchronize()
+        for replayer in self.replayers.values():
+            release_graphs(replayer.plan, self.backend)
+        self.replayers.clear()
+        reset = getattr(getattr(self.bare_graph, "__self__", None), "reset", None)
+        if reset is not None:  # torch.cuda.CUDAGraph: its pool too
+            reset()
+        self.bare_graph = None
+        gc.collect()
+
     def _loop(self, body) -> float:
         self.backend.barrier()
         self.marks.reset()
@@ -196,8 +213,8 @@ def main() -> int:
                         samples[way].append(t)
                 watchdog.steps += 1
             table.append((label, backend.name, numel * 2, samples))
+            case.release()  # before any communicator is destroyed (below)
     gathered = backends[0].allgather_object([s for *_, s in table])
-    watchdog.stop()
     rows = []
     for i, (label, lib, nbytes, _) in enumerate(table):
         med = {way: float(np.median(np.max([rank[i][way] for rank in gathered], axis=0)))
@@ -210,6 +227,7 @@ def main() -> int:
     info = backends[0].versions()
     for backend in reversed(backends):
         backend.close()
+    watchdog.stop()  # after the closes: a close that waits is still bounded
     if env.rank != 0:
         return 0
     print_table(rows, info, world, args)

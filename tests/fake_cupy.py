@@ -3,7 +3,18 @@ memory, for one rank: NCCL calls are memory copies (a sum over one rank is its i
 and receive pair up at groupEnd, and a capturing stream records calls that its graph
 replays on the buffers' current contents, as a CUDA graph does.
 
-Not CuPy: it checks the backend's pointers, sizes, grouping and stream use on a CPU.
+Not CuPy: it checks the backend's pointers, sizes, grouping and stream use on a CPU, and it
+refuses what the real libraries refuse or hang on (docs/../shared/reference/gpu_review.md,
+section 6):
+- a communicator is not destroyed while a graph that captured one of its calls is alive:
+  ncclCommDestroy/ncclCommFinalize loop in commDestroySync until every such graph is gone
+  (NVIDIA/nccl src/init.cc @ 5067397c), i.e. hang; here it raises instead;
+- while a stream captures, host syncs (Stream.synchronize), memory queries (memGetInfo),
+  host copies (Array.get/set), communicator creation, CUDA events and any call on another
+  stream raise CaptureError, as CUDA invalidates or refuses them inside a capture;
+- the NcclCommunicator methods have the parameter names of CuPy's own
+  cupy_backends/cuda/libs/nccl.pyx (NCCL_PYX_SIGNATURES below; tests/test_fake_cupy.py
+  compares them with the .pyx when CuPy's source is at hand).
 """
 
 import ctypes
@@ -11,13 +22,43 @@ import importlib.machinery
 import itertools
 import time
 import types
+import weakref
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 _SIZES = {0: 1, 1: 1, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2}  # ncclDataType_t bytes
 _ids = itertools.count(1)
+
+# The parameters (after self) of CuPy's NcclCommunicator, as cupy_backends/cuda/libs/nccl.pyx
+# declares them (cupy/cupy @ 0fc06191; unchanged in v14.2.0 except commId: tuple -> bytes).
+NCCL_PYX_SIGNATURES = {
+    "__init__": ("ndev", "commId", "rank"),
+    "allReduce": ("sendbuf", "recvbuf", "count", "datatype", "op", "stream"),
+    "reduce": ("sendbuf", "recvbuf", "count", "datatype", "op", "root", "stream"),
+    "broadcast": ("sendbuff", "recvbuff", "count", "datatype", "root", "stream"),
+    "reduceScatter": ("sendbuf", "recvbuf", "recvcount", "datatype", "op", "stream"),
+    "allGather": ("sendbuf", "recvbuf", "count", "datatype", "stream"),
+    "send": ("sendbuf", "count", "datatype", "peer", "stream"),
+    "recv": ("recvbuf", "count", "datatype", "peer", "stream"),
+    "destroy": (),
+    "abort": (),
+    "check_async_error": (),
+}
+
+
+class CaptureError(RuntimeError):
+    """What CUDA answers (cudaErrorStreamCaptureUnsupported/-Invalidated/-Implicit) to a
+    call that a stream capture cannot contain."""
+
+
+_capturing: "Stream | None" = None  # the stream now capturing (one at a time here)
+
+
+def _refuse_in_capture(what: str) -> None:
+    if _capturing is not None:
+        raise CaptureError(f"{what} while stream {_capturing.ptr:#x} captures a CUDA graph")
 
 
 class Stream:
@@ -36,30 +77,47 @@ class Stream:
         pass
 
     def synchronize(self) -> None:
-        assert self.recording is None, "synchronize inside a capture"
+        _refuse_in_capture("cudaStreamSynchronize")
 
     def begin_capture(self) -> None:
-        self.recording = []
+        global _capturing
+        _refuse_in_capture("cudaStreamBeginCapture")
+        self.recording, self.comms = [], set()
+        _capturing = self
 
     def end_capture(self) -> "Graph":
-        graph, self.recording = Graph(self.recording or []), None
+        global _capturing
+        assert _capturing is self, "end_capture on a stream that does not capture"
+        graph = Graph(self.recording or [], self.comms)
+        self.recording, _capturing = None, None
         return graph
 
 
 class Graph:
-    def __init__(self, calls: list[Callable[[], None]]) -> None:
+    live: ClassVar["weakref.WeakSet[Graph]"] = weakref.WeakSet()
+
+    def __init__(self, calls: list[Callable[[], None]], comms: "set[Communicator]") -> None:
         self.calls, self.launches = calls, 0
+        for comm in comms:  # as NCCL's persistent references from a graph to its comms
+            comm.graphs.add(self)
+        Graph.live.add(self)
 
     def launch(self, stream: Stream) -> None:
+        _refuse_in_capture("cudaGraphLaunch")
         self.launches += 1
         for call in self.calls:
             call()
 
 
-def _on(stream_ptr: int, work: Callable[[], None]) -> None:
+def _on(stream_ptr: int, work: Callable[[], None], comm: "Communicator | None" = None) -> None:
     stream = Stream.by_ptr[stream_ptr]
+    if _capturing is not None and stream is not _capturing:
+        raise CaptureError(f"a call on stream {stream_ptr:#x} while stream "
+                           f"{_capturing.ptr:#x} captures (it joins no graph)")
     if stream.recording is not None:
         stream.recording.append(work)
+        if comm is not None:
+            stream.comms.add(comm)
     else:
         work()
 
@@ -75,50 +133,75 @@ class Array:
         self.size, self.nbytes, self.itemsize = numel, self.host.nbytes, self.host.itemsize
 
     def set(self, arr: np.ndarray, stream: Stream | None = None) -> None:
+        _refuse_in_capture("a host-to-device copy (ndarray.set)")
         assert arr.dtype == self.host.dtype and arr.shape == self.host.shape
         self.host[:] = arr
 
     def get(self, stream: Stream | None = None) -> np.ndarray:
+        _refuse_in_capture("a device-to-host copy (ndarray.get)")
         return self.host.copy()
 
 
 class Communicator:
-    pending: list[tuple[str, int, int, int]] | None = None  # sends/recvs of an open group
+    """CuPy's NcclCommunicator for a world of one; parameter names as nccl.pyx."""
+
+    pending: list[tuple[str, int, int, int, "Communicator"]] | None = None  # an open group
     calls = 0
+    live: ClassVar["weakref.WeakSet[Communicator]"] = weakref.WeakSet()
 
-    def __init__(self, ndev: int, unique_id: bytes, rank: int) -> None:
-        assert (ndev, rank) == (1, 0) and isinstance(unique_id, bytes) and len(unique_id) == 128
+    def __init__(self, ndev: int, commId: Any, rank: int) -> None:
+        _refuse_in_capture("ncclCommInitRank")
+        assert (ndev, rank) == (1, 0) and isinstance(commId, bytes) and len(commId) == 128
         self.destroyed = False
+        self.graphs: weakref.WeakSet[Graph] = weakref.WeakSet()
+        Communicator.live.add(self)
 
-    def allReduce(self, s: int, r: int, count: int, dt: int, op: int, stream: int) -> None:
+    def __hash__(self) -> int:
+        return id(self)
+
+    def allReduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int,
+                  stream: int) -> None:
         Communicator.calls += 1
-        _on(stream, _copy(r, s, count * _SIZES[dt]))
+        _on(stream, _copy(recvbuf, sendbuf, count * _SIZES[datatype]), self)
 
-    def allGather(self, s: int, r: int, count: int, dt: int, stream: int) -> None:
-        _on(stream, _copy(r, s, count * _SIZES[dt]))
+    def allGather(self, sendbuf: int, recvbuf: int, count: int, datatype: int,
+                  stream: int) -> None:
+        _on(stream, _copy(recvbuf, sendbuf, count * _SIZES[datatype]), self)
 
-    def reduceScatter(self, s: int, r: int, count: int, dt: int, op: int, stream: int) -> None:
-        _on(stream, _copy(r, s, count * _SIZES[dt]))
+    def reduceScatter(self, sendbuf: int, recvbuf: int, recvcount: int, datatype: int,
+                      op: int, stream: int) -> None:
+        _on(stream, _copy(recvbuf, sendbuf, recvcount * _SIZES[datatype]), self)
 
-    def broadcast(self, s: int, r: int, count: int, dt: int, root: int, stream: int) -> None:
+    def broadcast(self, sendbuff: int, recvbuff: int, count: int, datatype: int, root: int,
+                  stream: int) -> None:
         assert root == 0
-        _on(stream, _copy(r, s, count * _SIZES[dt]))
+        _on(stream, _copy(recvbuff, sendbuff, count * _SIZES[datatype]), self)
 
-    def reduce(self, s: int, r: int, count: int, dt: int, op: int, root: int,
-               stream: int) -> None:
+    def reduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int,
+               root: int, stream: int) -> None:
         assert root == 0
-        _on(stream, _copy(r, s, count * _SIZES[dt]))
+        _on(stream, _copy(recvbuf, sendbuf, count * _SIZES[datatype]), self)
 
-    def send(self, ptr: int, count: int, dt: int, peer: int, stream: int) -> None:
+    def send(self, sendbuf: int, count: int, datatype: int, peer: int, stream: int) -> None:
         assert Communicator.pending is not None, "a send to self outside a group would hang"
-        Communicator.pending.append(("send", ptr, count * _SIZES[dt], stream))
+        Communicator.pending.append(("send", sendbuf, count * _SIZES[datatype], stream, self))
 
-    def recv(self, ptr: int, count: int, dt: int, peer: int, stream: int) -> None:
+    def recv(self, recvbuf: int, count: int, datatype: int, peer: int, stream: int) -> None:
         assert Communicator.pending is not None, "a recv from self outside a group would hang"
-        Communicator.pending.append(("recv", ptr, count * _SIZES[dt], stream))
+        Communicator.pending.append(("recv", recvbuf, count * _SIZES[datatype], stream, self))
 
     def destroy(self) -> None:
+        if self.graphs:  # the real ncclCommDestroy would wait here for ever
+            raise AssertionError(
+                f"ncclCommDestroy would block: {len(self.graphs)} live CUDA graph(s) captured "
+                "this communicator (NCCL src/init.cc commDestroySync)")
         self.destroyed = True
+
+    def abort(self) -> None:
+        self.destroy()  # ncclCommAbort reclaims through commDestroySync too
+
+    def check_async_error(self) -> None:
+        pass
 
 
 def group_start() -> None:
@@ -130,9 +213,10 @@ def group_end() -> None:
     sends = [p for p in parts if p[0] == "send"]
     recvs = [p for p in parts if p[0] == "recv"]
     assert len(sends) == len(recvs), parts
-    for (_, src, nbytes, stream), (_, dst, rbytes, _) in zip(sends, recvs, strict=True):
+    for (_, src, nbytes, stream, comm), (_, dst, rbytes, _, _) in zip(sends, recvs,
+                                                                          strict=True):
         assert nbytes == rbytes
-        _on(stream, _copy(dst, src, nbytes))
+        _on(stream, _copy(dst, src, nbytes), comm)
 
 
 class Event:
@@ -140,6 +224,7 @@ class Event:
         self.t = 0.0
 
     def record(self, stream: Stream | None = None) -> None:
+        _refuse_in_capture("a timing event recorded (cudaEventRecord)")
         self.t = time.perf_counter()
 
 
@@ -159,8 +244,13 @@ def make_modules(version: str = "14.2.0") -> dict[str, types.ModuleType]:
         assert kind == 3
         _on(stream, _copy(dst, src, nbytes))
 
+    def mem_get_info() -> tuple[int, int]:
+        _refuse_in_capture("cudaMemGetInfo")
+        return 8 << 30, 16 << 30
+
     runtime = types.SimpleNamespace(
         getDeviceCount=lambda: 1, memcpyAsync=memcpy_async, memcpyDeviceToDevice=3,
+        memGetInfo=mem_get_info,
         getDeviceProperties=lambda dev: {"name": b"Fake GPU"},
         runtimeGetVersion=lambda: 12040, driverGetVersion=lambda: 12080)
     device = types.SimpleNamespace(id=0, use=lambda: None)

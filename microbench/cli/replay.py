@@ -98,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
         from microbench.kvtransfer.replay import run_disagg
         return run_disagg(args)
     pattern = pattern_or_trace(args)  # bad input ends here, before any process or file
+    from microbench.replay.graphs import eager_pattern_mode
+    args.graph = eager_pattern_mode(pattern, args.graph)  # --eager: no graphs
     check_backend_options(args)
     if args.timing == "op":
         rows, size = check_ops_size(pattern, args)
@@ -239,11 +241,18 @@ def run_rank(pattern: Pattern, env: dist.DistEnv, args: argparse.Namespace) -> i
                 status = WRITE_ERROR_EXIT_STATUS
         else:
             status = 1 if any(s.wrong for s in gathered) else 0
+        from microbench.replay.graphs import release_graphs
+        release_graphs(plan, backend)  # NCCL's destroy waits for graphs that captured it
         backend.close()
         return status
     except (UsageError, ConfigError):
         raise
     except Exception as err:  # a peer's failure surfaces here as a library error
-        return report_rank_failure("replay", env.rank, err)
+        status = report_rank_failure("replay", env.rank, err)
+        from microbench.ranks.teardown import destructors_may_block, exit_now
+        if destructors_may_block(args.backend, locals().get("device")):
+            watchdog.stop()
+            exit_now(status)  # communicators' destructors could wait for ever
+        return status
     finally:
         watchdog.stop()

@@ -1,0 +1,129 @@
+"""Teardown with CUDA graphs alive, and capture rules, through the strict stand-in CuPy.
+
+NCCL's ncclCommDestroy/ncclCommFinalize wait until every graph that captured the
+communicator is destroyed (commDestroySync, NVIDIA/nccl src/init.cc @ 5067397c): a replay
+that closes its backend while its graphs live hangs for ever on a GPU. `tests/fake_cupy.py`
+raises there instead, so the real `infercomm replay` rank flow (capture, timed inferences,
+results, close) fails here on the code that closes too early (gpu_review.md W1).
+"""
+
+import sys
+
+import pytest
+
+from microbench.backends import open_backend
+from microbench.ranks.dist import DistEnv
+from microbench.ranks.launch import free_port
+from microbench.replay import plan as plan_module
+from microbench.replay.graphs import capture_function
+from microbench.replay.plan import BoundRun
+from tests import fake_cupy
+from tests.backend_helpers import bound_op
+from tests.replay_helpers import tiny_model
+
+
+@pytest.fixture
+def cupy(monkeypatch):
+    for name, module in fake_cupy.make_modules().items():
+        monkeypatch.setitem(sys.modules, name, module)
+    return fake_cupy
+
+
+def _env() -> DistEnv:
+    return DistEnv("torchrun", 0, 1, 0, "127.0.0.1", free_port())
+
+
+def test_a_graphed_replay_rank_closes_its_backend_after_releasing_the_graphs(
+        cli, cupy, tmp_path, monkeypatch):
+    """W1 through `infercomm replay` as a launched rank of a world of one (the fake is one
+    device): every step gets two all-reduces on the world communicator, so the decode graphs
+    capture it, as they capture the TP communicator on a GPU; the rank must end with status
+    0 and every communicator destroyed."""
+    build = plan_module.build_plan
+
+    def with_world_calls(pattern, backend):
+        plan = build(pattern, backend)
+        world = backend.new_group("world", [0])
+        for i, run in enumerate(plan.runs):
+            ops = [bound_op(backend, world, "allreduce", 8 + i, "bf16") for _ in range(2)]
+            plan.runs[i] = BoundRun(run.phase, run.repeat, ops, [o.call for o in ops])
+        return plan
+
+    monkeypatch.setattr(plan_module, "build_plan", with_world_calls)
+    monkeypatch.setattr("microbench.cli.replay.check_rank_fits", lambda *a, **k: None)
+    port = free_port()
+    for var, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)).items():
+        monkeypatch.setenv(var, value)
+    status, _, err = cli("replay", "--model", tiny_model(tmp_path), "--prompt", "8",
+                         "--decode", "4", "--backend", "nccl", "--device", "cuda",
+                         "--graph", "decode", "-n", "2", "--warmup", "1",
+                         "--out", str(tmp_path))
+    assert "would block" not in err, err
+    assert status == 0, err
+    assert fake_cupy.Communicator.live and all(c.destroyed for c in fake_cupy.Communicator.live)
+
+
+def test_the_stand_in_refuses_to_destroy_a_communicator_a_live_graph_captured(cupy):
+    backend = open_backend("nccl", env=_env(), device="cuda", timeout=20)
+    group = backend.new_group("tp", [0])
+    launch = capture_function(backend)([bound_op(backend, group, "allreduce", 4, "fp32").call])
+    with pytest.raises(AssertionError, match="ncclCommDestroy would block: 1 live"):
+        backend.close()
+    launch()  # still usable: nothing was destroyed
+    del launch
+    backend.close()
+
+
+@pytest.mark.parametrize("what", ["synchronize", "memGetInfo", "get", "communicator",
+                                  "event", "other stream"])
+def test_a_capture_refuses_what_cuda_refuses(cupy, what):
+    backend = open_backend("nccl", env=_env(), device="cuda", timeout=20)
+    group = backend.new_group("tp", [0])
+    op = bound_op(backend, group, "allreduce", 4, "fp32")
+    cuda = sys.modules["cupy.cuda"]
+    other = cuda.Stream(non_blocking=True)
+    actions = {
+        "synchronize": backend.stream.synchronize,
+        "memGetInfo": cuda.runtime.memGetInfo,
+        "get": lambda: op.send.array.get(),
+        "communicator": lambda: cuda.nccl.NcclCommunicator(1, bytes(128), 0),
+        "event": lambda: cuda.Event().record(backend.stream),
+        "other stream": lambda: group.handle.allReduce(op.send.ptr, op.send.ptr, 4, 7, 0,
+                                                       other.ptr),
+    }
+    backend.stream.begin_capture()
+    try:
+        op.call()  # joins the capture
+        with pytest.raises(fake_cupy.CaptureError):
+            actions[what]()
+    finally:
+        graph = backend.stream.end_capture()
+    del graph
+    backend.close()
+
+
+def test_the_stand_in_has_cupy_parameter_names():
+    """The fake's NcclCommunicator methods take CuPy's parameter names, in order."""
+    import inspect
+
+    for name, params in fake_cupy.NCCL_PYX_SIGNATURES.items():
+        method = getattr(fake_cupy.Communicator, name)
+        assert tuple(inspect.signature(method).parameters)[1:] == params, name
+
+
+
+def test_graph_decode_on_an_eager_pattern_is_refused_and_eager_is_the_default(cli, tmp_path):
+    """R12: an --eager engine runs no CUDA graphs; its pattern replays eagerly."""
+    from microbench.replay.graphs import eager_pattern_mode
+    from patterns import EngineOptions, Layout, Workload, generate, resolve_model
+
+    status, out, err = cli("replay", "--model", tiny_model(tmp_path), "--tp", "2",
+                           "--prompt", "8", "--decode", "4", "--eager", "--graph", "decode",
+                           "--backend", "torch", "--device", "cuda", "--out", str(tmp_path))
+    assert (status, out) == (2, "")
+    assert len(err.strip().splitlines()) == 1 and "generated with --eager" in err
+    pattern = generate("vllm", resolve_model("llama-3.1-8b"), Layout(tp=2),
+                       Workload(prompt=8, decode=4), EngineOptions(eager=True))
+    assert eager_pattern_mode(pattern, None) == "none"
+    assert eager_pattern_mode(pattern, "none") == "none"
