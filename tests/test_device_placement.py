@@ -244,3 +244,29 @@ def test_mpi_initialised_after_the_device_is_selected(tmp_path):
     assert status == 2 and "stopped after open_backend" in proc.stderr, proc.stderr
     set_devices = [c for c in calls if c[0] == "set_device"]
     assert set_devices[0] == ["set_device", 0, False]  # device chosen, MPI not started yet
+
+
+def test_gpu_memory_check_keeps_a_reserve_for_context_and_communicators(cli, tmp_path,
+                                                                        clean_env):
+    """R10: TP2 at world 2 holds one communicator (the tp group is the world): reserve
+    512 MiB + 1 x 512 MiB = 1 GiB (ranks/device.py). 1 GiB free is refused though the tiny
+    buffers are a few KiB; 1.5 GiB free leaves 0.5 GiB and starts."""
+    cuda = FakeCuda(2, free=1 << 30).install(clean_env)
+    _stop_at_open(clean_env, cuda.calls)
+    _torchrun_rank(clean_env, 1, 1)
+    status, _, err = _replay(cli, tmp_path, "--device", "cuda")
+    assert status == 2 and len(err.strip().splitlines()) == 1, err
+    assert "of GPU 1 memory beyond a 1.00 GiB reserve for its context and 1 NCCL " \
+           "communicators" in err and "but 0 B are available" in err
+    cuda.free = 3 << 29  # 1.5 GiB
+    status, _, err = _replay(cli, tmp_path, "--device", "cuda")
+    assert "stopped at open_backend (torch)" in err
+
+
+def test_communicators_counted_per_rank(tmp_path):
+    """TP2 x PP2 on 4 ranks: world, the rank's tp pair and its pp pair = 3."""
+    from microbench.ranks.device import communicators_of
+    from patterns import Layout, Workload, generate, resolve_model
+    pattern = generate("vllm", resolve_model(tiny_model(tmp_path)), Layout(tp=2, pp=2),
+                       Workload(prompt=8, decode=2))
+    assert communicators_of(pattern, 0) == 3

@@ -145,7 +145,7 @@ def check_rank_fits(pattern: Pattern, rank: int, device: str, args: argparse.Nam
     iterations = args.warmup + args.iters
     if device == "cuda":
         free = free_device_bytes(args.backend, index)
-        reserve, comms = reserve_bytes(pattern)
+        reserve, comms = reserve_bytes(pattern, rank)
         check_fits(pattern, [rank], "inference", 0, max(free - reserve, 0),
                    f"GPU {index} memory beyond a {format_bytes(reserve)} reserve for its "
                    f"context and {comms} NCCL communicators")
@@ -223,6 +223,9 @@ def run_rank(pattern: Pattern, env: dist.DistEnv, args: argparse.Namespace) -> i
                               if op_level else (None, None))
         args.peak_rss_kib = backend.allgather_object(
             resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)  # KiB on Linux
+        args.local_ranks = backend.allgather_object(  # each rank's placement, in meta.json
+            {"rank": env.rank, "local_rank": env.local_rank, "from": env.local_var or None,
+             "gpu": index if device == "cuda" else None})
         status = 0
         if backend.rank == 0:
             from microbench.replay.output import write_replay

@@ -116,14 +116,20 @@ CONTEXT_RESERVE = 512 << 20
 COMM_RESERVE = 512 << 20
 
 
-def communicators_of(pattern: Any) -> int:
-    """The world communicator plus each tp/pp/dp/ep group of more than one rank."""
-    from patterns.groups import group_size
-    return 1 + sum(1 for kind in ("tp", "pp", "dp", "ep")
-                   if group_size(pattern.layout, kind) > 1)
+def communicators_of(pattern: Any, rank: int) -> int:
+    """NCCL communicators `rank` will hold: the world's and its group of each kind the
+    pattern's ops use (replay/plan.py make_groups), a group spanning the world counted once."""
+    from patterns.groups import GROUP_KINDS, group_of, group_size
+    layout = pattern.layout
+    used = {op.group for replica in pattern.replicas() for runs in replica for run in runs
+            for op in run.step.ops}
+    comms = {tuple(range(layout.world_size))}
+    comms |= {tuple(group_of(layout, kind, rank)) for kind in GROUP_KINDS
+              if kind in used and group_size(layout, kind) > 1}
+    return len(comms)
 
 
-def reserve_bytes(pattern: Any) -> tuple[int, int]:
+def reserve_bytes(pattern: Any, rank: int) -> tuple[int, int]:
     """(bytes kept back from a rank's free GPU memory, communicators counted)."""
-    comms = communicators_of(pattern)
+    comms = communicators_of(pattern, rank)
     return CONTEXT_RESERVE + comms * COMM_RESERVE, comms

@@ -70,6 +70,7 @@ def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.
             "transport": backend.transport, "device": backend.device,
             "world_size": backend.world_size, "hosts": hosts, **where,
             "launcher": args.launcher,
+            "local_ranks": getattr(args, "local_ranks", None),  # rank, local rank, its GPU
             "versions": backend.versions(), "timing": args.timing, "graph": args.graph,
             "iterations": args.iters,
             "warmup": args.warmup, "check": args.check, "timeout_s": args.timeout,
