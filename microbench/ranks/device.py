@@ -66,9 +66,9 @@ def check_device_index(env: DistEnv, count: int) -> int:
         source = env.local_var or "no launcher variable (taken as 0)"
         raise UsageError(
             f"rank {env.rank} has local rank {env.local_rank} (from {source}) but this host "
-            f"sees {count} GPU{'s' if count != 1 else ''}; start at most {count} ranks a node "
-            "(srun --ntasks-per-node, torchrun --nproc-per-node) or ask for more GPUs "
-            "(--gpus-per-node)")
+            f"sees {count} GPU{'s' if count != 1 else ''}; every task must see all its "
+            "node's GPUs (srun --gpus-per-node=N --gpu-bind=none, no --gpus-per-task), and at "
+            "most that many ranks a node (--ntasks-per-node, torchrun --nproc-per-node)")
     return env.local_rank
 
 
