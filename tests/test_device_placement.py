@@ -270,3 +270,14 @@ def test_communicators_counted_per_rank(tmp_path):
     pattern = generate("vllm", resolve_model(tiny_model(tmp_path)), Layout(tp=2, pp=2),
                        Workload(prompt=8, decode=2))
     assert communicators_of(pattern, 0) == 3
+
+
+def test_srun_gpus_per_task_gives_each_task_its_own_first_gpu():
+    """srun --gpus-per-task=1: each task sees only its own GPU, so local rank 3 takes device 0
+    of what it sees; without that binding local rank 3 on 1 visible GPU is refused."""
+    from microbench.ranks.device import check_device_index
+    task = DistEnv("slurm", 3, 4, 3, "h", 1, "SLURM_LOCALID")
+    assert check_device_index(task, 1, {"SLURM_GPUS_PER_TASK": "1"}) == 0
+    with pytest.raises(UsageError, match=r"local rank 3 .* sees 1 GPU;"):
+        check_device_index(task, 1, {})
+    assert check_device_index(task, 8, {}) == 3

@@ -60,15 +60,24 @@ def device_count(backend: str) -> int:
     return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
 
 
-def check_device_index(env: DistEnv, count: int) -> int:
-    """The rank's device: its local rank, refused when this host has no such GPU."""
+def check_device_index(env: DistEnv, count: int, environ: Any = None) -> int:
+    """The rank's device: its local rank, refused when this host has no such GPU.
+
+    One exception: srun --gpus-per-task=K gives each task its own K GPUs (SLURM_GPUS_PER_TASK,
+    sbatch/srun OUTPUT ENVIRONMENT VARIABLES; CUDA_VISIBLE_DEVICES set per task), so a task
+    that sees exactly K takes the first of its own, whatever its local rank."""
+    env_vars = os.environ if environ is None else environ
+    per_task = env_vars.get("SLURM_GPUS_PER_TASK", "")
+    if per_task.isdigit() and int(per_task) == count > 0 and env.local_var == "SLURM_LOCALID":
+        return 0
     if env.local_rank >= count:
         source = env.local_var or "no launcher variable (taken as 0)"
         raise UsageError(
             f"rank {env.rank} has local rank {env.local_rank} (from {source}) but this host "
             f"sees {count} GPU{'s' if count != 1 else ''}; every task must see all its "
-            "node's GPUs (srun --gpus-per-node=N --gpu-bind=none, no --gpus-per-task), and at "
-            "most that many ranks a node (--ntasks-per-node, torchrun --nproc-per-node)")
+            "node's GPUs (srun --gpus-per-node=N --gpu-bind=none) or only its own (srun "
+            "--gpus-per-task=1), with at most one rank a GPU (--ntasks-per-node, torchrun "
+            "--nproc-per-node)")
     return env.local_rank
 
 
