@@ -103,16 +103,6 @@ def test_a_capture_refuses_what_cuda_refuses(cupy, what):
     backend.close()
 
 
-def test_the_stand_in_has_cupy_parameter_names():
-    """The fake's NcclCommunicator methods take CuPy's parameter names, in order."""
-    import inspect
-
-    for name, params in fake_cupy.NCCL_PYX_SIGNATURES.items():
-        method = getattr(fake_cupy.Communicator, name)
-        assert tuple(inspect.signature(method).parameters)[1:] == params, name
-
-
-
 def test_graph_decode_on_an_eager_pattern_is_refused_and_eager_is_the_default(cli, tmp_path):
     """R12: an --eager engine runs no CUDA graphs; its pattern replays eagerly."""
     from microbench.replay.graphs import eager_pattern_mode
