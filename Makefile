@@ -3,6 +3,7 @@
 #   make test   set up, then lint and run the test suite (Slurm tests skip unless Slurm is installed)
 #   make test-quick   lint and the fast tests (no multi-rank, MPI or Slurm ones), about 2 minutes
 #   make test-slurm   install Slurm if missing (root, apt; asked for by running this target), then its tests
+#   make test-gpu   the gpu-marked tests, on a node with GPUs (two for the multi-GPU ones); docs/gpu.md
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
@@ -14,7 +15,7 @@ TORCH_PIN ?= torch==2.13.0
 TORCH_INDEX ?=
 TORCH_INDEX_ARG := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 
-.PHONY: setup demo test test-quick test-slurm lint bench clean
+.PHONY: setup demo test test-quick test-slurm test-gpu lint bench clean
 
 setup: $(STAMP)
 
@@ -54,6 +55,11 @@ test-quick: lint
 
 test-slurm: setup
 	INFERCOMM_INSTALL_SLURM=1 $(BIN)/python -m pytest -m slurm
+
+# Every gpu-marked test (tests/test_gpu_*.py); each launch has its own wall-clock limit, so a
+# hang fails its test instead of the command. They skip where torch sees no CUDA device.
+test-gpu: setup
+	$(BIN)/python -m pytest -m gpu -v -rs -p no:cacheprovider tests
 
 # pytest-benchmark with its own configuration (benchmarks/pytest.ini); each run is saved
 # under .benchmarks/<suite> and compared with the previous one there when there is one

@@ -1,0 +1,86 @@
+"""The GPU paths the review found breaking or at risk, on real GPUs (skipped without CUDA by
+conftest; `make test-gpu` runs them). None of these has run on a device yet.
+
+Each launch has a wall-clock limit well under the hang it guards against, so a machine with
+two GPUs answers "ends cleanly" in one command: TP2 and PP2 with decode graphs (teardown while
+graphs are alive; PP send/recv and graphs), uneven DP with chunked prefill and a short
+--timeout (ranks cutting different graphs), each rank on its own GPU (local rank -> device,
+recorded in meta.json), and benchmarks/gpu_overhead.py under torchrun.
+"""
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.replay_helpers import infercomm, last_json, tiny_model
+from tests.test_moe_replay_cli import tiny_moe
+
+pytestmark = pytest.mark.gpu
+
+REPO = Path(__file__).resolve().parent.parent
+WALL_S = 180  # a replay of these tiny patterns takes seconds; a teardown hang never ends
+needs_cupy = pytest.mark.skipif(importlib.util.find_spec("cupy") is None,
+                                reason="the nccl backend needs CuPy ('infercomm[cuda]')")
+BACKENDS = ["torch", pytest.param("nccl", marks=needs_cupy)]
+
+
+def _gpus() -> int:
+    import torch
+    return torch.cuda.device_count()
+
+
+@pytest.fixture
+def two_gpus():
+    if _gpus() < 2:
+        pytest.skip("needs two GPUs")
+
+
+def _replay(tmp_path, model: str, *extra: str):
+    proc, _ = infercomm("replay", "--model", model, "--prompt", "8", "--decode", "4",
+                        "--device", "cuda", "-n", "3", "-w", "1", "--check", "--timeout", "30",
+                        "--out", str(tmp_path / "out"), *extra, timeout=WALL_S)
+    assert proc.returncode == 0, proc.stderr
+    line = last_json(proc.stdout)
+    meta = json.loads((Path(line["results_dir"]) / "meta.json").read_text())
+    return line, meta
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tp2_with_decode_graphs_ends_cleanly_each_rank_on_its_gpu(tmp_path, two_gpus, backend):
+    line, meta = _replay(tmp_path, tiny_model(tmp_path), "--tp", "2", "--backend", backend,
+                         "--graph", "decode")
+    assert (line["wrong"], meta["graph"]) == (0, "decode")
+    # local ranks 0 and 1 of the launcher, each on the GPU of its local rank
+    assert [(r["local_rank"], r["gpu"]) for r in meta["local_ranks"]] == [(0, 0), (1, 1)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pp2_with_decode_graphs_ends_cleanly(tmp_path, two_gpus, backend):
+    line, meta = _replay(tmp_path, tiny_model(tmp_path), "--pp", "2", "--backend", backend,
+                         "--graph", "decode")
+    assert line["wrong"] == 0 and meta["graph"] == "decode"
+
+
+def test_uneven_dp_with_chunked_prefill_ends_within_its_timeout(tmp_path, two_gpus):
+    # DP2 with EP, batches 1 and 4 and a 16-token prefill budget: rank 1 prefills 4 x 8 = 32
+    # tokens in 2 chunks where rank 0 has 8 tokens in 1, so the ranks' step lists differ.
+    line, _ = _replay(tmp_path, tiny_moe(tmp_path), "--dp", "2", "--ep", "--dp-batches", "1,4",
+                      "--max-batched-tokens", "16", "--graph", "decode")
+    assert line["wrong"] == 0
+
+
+def test_gpu_overhead_benchmark_under_torchrun_ends(two_gpus):
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
+    proc = subprocess.run([torchrun, "--nproc-per-node", "2", str(REPO / "benchmarks" /
+                           "gpu_overhead.py"), "--rounds", "2", "--steps", "3", "--calls", "8"],
+                          capture_output=True, text=True, timeout=WALL_S, cwd=REPO,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert last_json(proc.stdout)["world_size"] == 2
+
