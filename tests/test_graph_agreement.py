@@ -98,10 +98,16 @@ def test_the_check_fails_when_one_rank_differs(alter):
     assert found and "ranks 0 and 1 differ" in found[0]
 
 
-def test_pp_send_recv_stay_out_of_the_graphs():
-    """R1: as vLLM, the stages' P2P calls are eager; their TP collectives are captured."""
-    pattern = _pattern("vllm", "tp2xpp2")
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "vllm-v0"])
+def test_pp_calls_stay_out_of_the_graphs(engine):
+    """R1: as vLLM, the stages' P2P calls (and V2's sampled-token broadcasts on its
+    pp_broadcast group) are eager; their TP collectives are captured."""
+    pattern = _pattern(engine, "tp2xpp2")
     for rank in range(4):
-        seen = modes(rank_log(pattern, rank, graphs=True))
+        log = rank_log(pattern, rank, graphs=True)
+        seen = modes(log)
         assert seen["p2p"] == {"eager"}
         assert "graph" in seen["allreduce"]
+        for channel, events in log.log.items():
+            if channel[0].startswith("pp"):
+                assert {mode for mode, *_ in events} == {"eager"}, channel

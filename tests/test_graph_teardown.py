@@ -8,6 +8,7 @@ results, close) fails here on the code that closes too early (gpu_review.md W1).
 """
 
 import sys
+from typing import ClassVar
 
 import pytest
 
@@ -117,3 +118,58 @@ def test_graph_decode_on_an_eager_pattern_is_refused_and_eager_is_the_default(cl
                        Workload(prompt=8, decode=4), EngineOptions(eager=True))
     assert eager_pattern_mode(pattern, None) == "none"
     assert eager_pattern_mode(pattern, "none") == "none"
+
+
+class _FakeTorchGraph:
+    """torch.cuda.CUDAGraph as `_capture_torch` uses it; `reset` is the real method's name
+    (it frees the graph and its memory pool)."""
+
+    live: ClassVar[set[int]] = set()
+
+    def __init__(self) -> None:
+        _FakeTorchGraph.live.add(id(self))
+
+    def replay(self) -> None:
+        assert id(self) in _FakeTorchGraph.live, "replay of a reset graph"
+
+    def reset(self) -> None:
+        _FakeTorchGraph.live.discard(id(self))
+
+
+def test_torch_graphs_are_reset_before_the_process_group_is_destroyed(monkeypatch):
+    """W1 on the torch path: the graphs `_capture_torch` made are reset (graph and pool
+    freed) by the teardown, so ProcessGroupNCCL's shutdown finds none alive."""
+    import contextlib
+
+    import torch
+
+    from microbench.replay.agreement import RecordingBackend
+    from microbench.replay.graphs import release_graphs, use_graphs
+    from microbench.replay.plan import build_plan
+    from patterns import EngineOptions, Layout, Workload, generate, resolve_model
+
+    assert all(hasattr(torch.cuda.CUDAGraph, name) for name in ("replay", "reset"))
+    stream = type("S", (), {"wait_stream": lambda self, other: None})
+    monkeypatch.setattr(torch.cuda, "Stream", stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "graph", lambda g, **kw: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeTorchGraph)
+    _FakeTorchGraph.live.clear()
+
+    class TorchRecording(RecordingBackend):
+        name = "torch"
+
+    pattern = generate("vllm", resolve_model("llama-3.1-8b"), Layout(tp=2, pp=2),
+                       Workload(prompt=16, decode=4), EngineOptions())
+    backend = TorchRecording(0, 4)
+    plan = build_plan(pattern, backend)
+    graphs = use_graphs(plan, backend)
+    # Stage 0 decodes in two pieces (steps 1-2 with the sampled-token broadcasts, step 3
+    # without): in each, the 33 TP all-reduces before the PP sends are one graph; the sends
+    # and the pp_broadcast calls stay eager. 2 pieces x 1 graph = 2.
+    assert graphs == 2 and len(_FakeTorchGraph.live) == 2
+    release_graphs(plan, backend)
+    assert _FakeTorchGraph.live == set() and plan.graphs == []
+    assert all(not isinstance(getattr(c, "__self__", None), _FakeTorchGraph)
+               for run in plan.runs for c in run.calls)

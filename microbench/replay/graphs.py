@@ -28,8 +28,9 @@ Which steps are captured is a pure function of the pattern that every rank compu
 (replay/graph_spans.py): the step timeline is cut wherever any rank's run changes, and a piece
 is captured only where every rank decodes, so the warm-ups and captures of one rank meet
 their peers' (NCCL requires a captured call to be captured on every rank of its communicator,
-and each graph to be launched by all of them). Point-to-point calls (PP send/recv) stay out
-of the graphs and are issued eagerly between them, as vLLM moves intermediate tensors between
+and each graph to be launched by all of them). Point-to-point calls (PP send/recv), and the
+last stage's broadcast of sampled tokens, stay out of the graphs and are issued eagerly
+between them, as vLLM moves intermediate tensors between
 its stages' graphs: in vllm-project/vllm vllm/v1/worker/gpu_worker.py @ 35d5cda1
 `execute_model`, a later stage's `get_pp_group().recv_tensor_dict(...)` runs before
 `model_runner.execute_model` (whose model forward is the captured part) and the
@@ -59,6 +60,11 @@ CAPTURING_BACKENDS = ("torch", "nccl")
 
 Capture = Callable[[list[BoundCall]], BoundCall]
 P2P = (OpKind.SEND, OpKind.RECV)
+# Groups whose calls an engine issues between its stages' graphs, never inside one: the PP
+# send/recv and the last stage's broadcast of the sampled tokens, which vLLM Model Runner V2
+# issues after sampling, outside the captured forward (v1/worker/gpu/pp_utils.py `PPHandler`,
+# v1/worker/gpu/model_runner.py @ c8109375, as patterns/engines/vllm.py cites them).
+EAGER_GROUPS = ("pp", "pp_broadcast")
 
 
 def eager_pattern_mode(pattern: Pattern, requested: str | None) -> str | None:
@@ -132,11 +138,12 @@ def _own_decode_runs(plan: Plan) -> tuple[tuple[int, int, bool], ...]:
 
 def _captured_step(ops: list[BoundOp], capture: Capture,
                    graphs: list[BoundCall]) -> list[BoundCall]:
-    """One step's calls: each stretch of collectives one graph launch, P2P calls eager."""
+    """One step's calls: each stretch of collectives one graph launch; P2P calls and the
+    PP groups' calls eager between them."""
     calls: list[BoundCall] = []
     stretch: list[BoundCall] = []
     for op in ops:
-        if op.op is not None and op.op.kind in P2P:
+        if op.op is not None and (op.op.kind in P2P or op.op.group in EAGER_GROUPS):
             if stretch:
                 graphs.append(capture(stretch))
                 calls.append(graphs[-1])
