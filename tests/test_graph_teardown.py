@@ -173,3 +173,49 @@ def test_torch_graphs_are_reset_before_the_process_group_is_destroyed(monkeypatc
     assert _FakeTorchGraph.live == set() and plan.graphs == []
     assert all(not isinstance(getattr(c, "__self__", None), _FakeTorchGraph)
                for run in plan.runs for c in run.calls)
+
+
+_FAILING_RANK = """
+import sys, time
+from tests import fake_cupy
+sys.modules.update(fake_cupy.make_modules())
+
+def wait_for_the_dead_peer(self):
+    # ncclCommDestroy from CuPy's __dealloc__ (nccl.pyx @ v14.2.0) waits for the kernels still
+    # spinning on a dead peer (ncclCommPollEventCallbacks, NCCL src/init.cc @ 5067397c)
+    time.sleep(3600)
+
+fake_cupy.Communicator.__del__ = wait_for_the_dead_peer
+from microbench.replay import replayer
+
+def run(self, *args, **kwargs):
+    raise RuntimeError("NCCL error: remote process exited or there was a network error")
+
+replayer.Replayer.run = run
+import microbench.cli.replay as cli_replay
+cli_replay.check_rank_fits = lambda *a, **k: None
+from microbench.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_failing_gpu_rank_ends_without_waiting_in_communicator_destructors(tmp_path):
+    """R3: after its one-line report, a rank failing on a CUDA device leaves by os._exit; a
+    communicator destructor that waits for a dead peer would hold it for ever."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+           "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "PYTHONPATH": str(repo)}
+    proc = subprocess.run([sys.executable, "-c", _FAILING_RANK, "replay", "--model",
+                           tiny_model(tmp_path), "--prompt", "8", "--decode", "4", "--backend",
+                           "nccl", "--device", "cuda", "--graph", "decode", "--timeout", "300",
+                           "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60, env=env, cwd=repo,
+                          check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "infercomm replay: error: rank 0: RuntimeError: NCCL error: remote process exited")
