@@ -31,8 +31,9 @@ def read_traces(paths: Sequence[str]) -> Trace:
         if not path.is_file():
             raise ConfigError(f"trace file {name!r} does not exist; pass " + EXPECTED)
         if is_kineto(path):
+            ep_before = sum(trace.ep_kernels.values())
             rank = read_kineto(path, trace, index)
-            found = len(rank.ids)
+            found = len(rank.ids) + sum(trace.ep_kernels.values()) - ep_before
             if found:
                 trace.formats.add("kineto")
                 if any(r.rank == rank.rank for r in trace.ranks):

@@ -69,6 +69,8 @@ class Trace:
     unknown: Counter = field(default_factory=Counter)  # names of events / kinds of lines
     notes: list[str] = field(default_factory=list)
     formats: set[str] = field(default_factory=set)  # "nccl" (logs), "kineto"
+    # kernels of expert-parallel libraries named but not sized ("EP dispatch" -> count)
+    ep_kernels: Counter = field(default_factory=Counter)
     _index: dict[Call, int] = field(default_factory=dict, repr=False)
 
     def intern(self, call: Call) -> int:

@@ -11,11 +11,29 @@ What torch emits, seen on torch 2.13 (CPU, gloo) and in `torch/csrc/profiler/uti
 - On NCCL, `record_param_comms` with `Collective name`, `dtype`, `In msg nelems`,
   `Out msg nelems`, `Group size`, `Process Group Name`: preferred where present.
 - `ProfilerStep#N` annotations (a profiler schedule, `prof.step()`) mark step boundaries.
+- vLLM V1's own custom ops, registered in `vllm/distributed/parallel_state.py` (vllm-project/
+  vllm @ 0c175ae9, `direct_register_custom_op` of `all_reduce(tensor, group_name)`,
+  `reduce_scatter(tensor, dim, world_size, group_name)`, `all_gather(tensor, dim, world_size,
+  group_name)`): `vllm::all_reduce`, `vllm::all_gather`, `vllm::reduce_scatter` cpu_ops with
+  exact shapes; they wrap whatever runs below (`symm_mem::multimem_all_reduce_`, custom
+  all-reduce, or c10d), so the events nested inside them are not counted again.
+- torch up to about 2.1: `record_param_comms` without `Collective name`, c10d ops whose
+  TensorList has no dims; the sizes live in the backend's `nccl:all_reduce`, `nccl:all_to_all`,
+  `nccl:_all_gather_base` ... user annotations (`torch/csrc/distributed/c10d/
+  ProcessGroupNCCL.cpp` of v1.13/v2.0 names them "nccl:" + the op in `collective()`). Of the
+  three sources, the one that sizes the most calls is read.
+- Traces recorded without `record_shapes=True` carry no dims: the calls are counted, with
+  size unknown (0 elements, dtype "unknown"), and a note says so.
+- DeepEP's kernels (`deep_ep::internode::dispatch<...>`, `...::combine<...>`, intranode and
+  internode_ll alike; deepseek-ai/DeepEP csrc/kernels) are EP dispatch / combine all-to-alls
+  whose sizes no kernel event records: counted and named in `Trace.ep_kernels`.
 """
 
 import gzip
 import json
-from collections import defaultdict
+import re
+from bisect import bisect_right
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from math import prod
 from pathlib import Path
@@ -55,6 +73,7 @@ C10D_OPS: dict[str, tuple[str, int, int | None]] = {
 # The backends' own events: gloo:all_reduce, nccl:all_reduce, ...
 BACKEND_OPS = {"all_reduce": "allreduce", "all_gather": "allgather",
                "all_gather_into_tensor": "allgather", "_allgather_base": "allgather",
+               "_all_gather_base": "allgather",
                "reduce_scatter": "reducescatter", "reduce_scatter_tensor": "reducescatter",
                "_reduce_scatter_base": "reducescatter", "gather": "gather",
                "broadcast": "broadcast", "send": "send", "recv": "recv",
@@ -71,6 +90,16 @@ PARAM_COMMS_OPS = {"allreduce": "allreduce", "allreduce_coalesced": "allreduce",
                    "_broadcast_oop": "broadcast", "gather": "gather", "send": "send",
                    "recv": "recv", "all_to_all": "alltoall", "alltoall_base": "alltoall",
                    "reduce": "reduce", "scatter": "scatter"}
+
+
+# vLLM's custom ops -> (project op, index of world_size in Concrete Inputs or None).
+VLLM_OPS: dict[str, tuple[str, int | None]] = {
+    "vllm::all_reduce": ("allreduce", None), "vllm::all_gather": ("allgather", 2),
+    "vllm::reduce_scatter": ("reducescatter", 2)}
+
+_DEEPEP = re.compile(r"\bep::(?:internode_ll|internode|intranode)::(dispatch|combine)\b(?!_)")
+NO_SHAPES = ("sizes unknown: the trace was recorded without shapes; profile with "
+             "torch.profiler.profile(record_shapes=True) to read them")
 
 
 def _open_text(path: Path):
@@ -216,44 +245,13 @@ def _pg_sizes(info: dict[str, Any] | None, rank: int) -> set[int]:
 def read_kineto(path: Path, trace: Trace, default_rank: int) -> RankCalls:
     """Read one rank's Kineto trace into `trace`; return that rank's calls."""
     header: dict[str, Any] = {"distributedInfo": None, "host_name": None}
-    param_comms: list[tuple[float, Call]] = []
-    c10d: list[tuple[float, str, dict[str, Any]]] = []
-    backend: dict[str, list[tuple[float, int | None, str | None]]] = defaultdict(list)
-    steps: list[float] = []
+    raw = _Raw()
     try:
         for event in iter_events(path, header):
-            if not isinstance(event, dict) or event.get("ph") != "X":
-                continue
-            name = event.get("name")
-            if not isinstance(name, str):
-                continue
-            args = event.get("args") or {}
-            ts = float(event.get("ts") or 0.0)
-            if name == "record_param_comms":
-                call = _param_comms_call(args)
-                if call is None:
-                    trace.unparsed += 1
-                    trace.unknown[f"record_param_comms {args.get('Collective name')}"] += 1
-                else:
-                    param_comms.append((ts, call))
-            elif name.startswith("c10d::"):
-                if name in C10D_OPS:
-                    c10d.append((ts, name, args))
-                else:
-                    trace.unparsed += 1
-                    trace.unknown[name] += 1
-            elif name.startswith(("gloo:", "nccl:")):
-                op = BACKEND_OPS.get(name.split(":", 1)[1])
-                if op is None:
-                    trace.unparsed += 1
-                    trace.unknown[name] += 1
-                    continue
-                types = args.get("Input type") or [None]
-                dims = args.get("Input Dims") or [None]
-                backend[op].append((ts, _numel(dims[0]), _torch_dtype(types[0])))
-            elif name.startswith("ProfilerStep#"):
-                steps.append(ts)
-    except (json.JSONDecodeError, ValueError, UnicodeDecodeError, OSError, EOFError) as err:
+            if isinstance(event, dict) and event.get("ph") == "X":
+                raw.add(event, trace)
+    except (json.JSONDecodeError, ValueError, UnicodeDecodeError, OSError, EOFError,
+            RecursionError, TypeError) as err:
         raise ConfigError(f"{path}: not a readable Kineto JSON trace ({err}); pass the "
                           ".json or .json.gz that torch.profiler exported") from None
 
@@ -262,25 +260,18 @@ def read_kineto(path: Path, trace: Trace, default_rank: int) -> RankCalls:
     rank = rank if isinstance(rank, int) else default_rank
     sizes = _pg_sizes(info, rank)
     only_size = next(iter(sizes)) if len(sizes) == 1 else None
-    host = header["host_name"] or "?"
+    host = header["host_name"] if isinstance(header["host_name"], str) else "?"
     calls = RankCalls(rank=rank, name=f"{host}:rank{rank} ({path.name})")
-
-    timed: list[tuple[float, Call]]
-    if param_comms:
-        timed = param_comms
-    elif c10d:
-        timed = _from_c10d(c10d, backend, only_size, trace)
-    else:
-        timed = [(ts, Call(op=op, numel=numel or 0, dtype=dtype or "unknown",
-                           group_size=only_size))
-                 for op, events in backend.items() for ts, numel, dtype in events]
+    timed = raw.calls(only_size, trace)
+    for kind, count in raw.ep.items():
+        trace.ep_kernels[kind] += count
     timed.sort(key=lambda tc: tc[0])
     for _, call in timed:
         calls.ids.append(trace.intern(call))
-    if steps:
-        steps.sort()
+    if raw.steps:
+        raw.steps.sort()
         starts, i = [], 0
-        for start in steps:
+        for start in raw.steps:
             while i < len(timed) and timed[i][0] < start:
                 i += 1
             starts.append(i)
@@ -288,6 +279,110 @@ def read_kineto(path: Path, trace: Trace, default_rank: int) -> RankCalls:
         calls.step_starts = sorted(set(([0] if starts and starts[0] > 0 else []) + starts))
         calls.step_starts = [s for s in calls.step_starts if s < len(timed)]
     return calls
+
+
+class _Raw:
+    """The events of one file that may be calls, by source, before one source is chosen."""
+
+    def __init__(self) -> None:
+        self.vllm: list[tuple[float, float, Call]] = []  # (start, end, call)
+        self.param: list[tuple[float, Call | None, str]] = []
+        self.c10d: list[tuple[float, str, dict[str, Any]]] = []
+        self.backend: list[tuple[float, str, int | None, str | None]] = []
+        self.steps: list[float] = []
+        self.ep: Counter = Counter()
+
+    def add(self, event: dict[str, Any], trace: Trace) -> None:
+        name = event.get("name")
+        if not isinstance(name, str):
+            return
+        args = event.get("args") or {}
+        if not isinstance(args, dict):
+            raise ValueError(f"event {name!r} has args of type {type(args).__name__}")
+        ts = event.get("ts") or 0.0
+        if not isinstance(ts, (int, float)):
+            raise ValueError(f"event {name!r} has a ts of type {type(ts).__name__}")
+        if name == "record_param_comms":
+            self.param.append((ts, _param_comms_call(args), str(args.get("Collective name"))))
+        elif name.startswith("c10d::"):
+            if name in C10D_OPS:
+                self.c10d.append((ts, name, args))
+            else:
+                trace.unparsed += 1
+                trace.unknown[name] += 1
+        elif name.startswith(("gloo:", "nccl:")):
+            if event.get("cat") == "gpu_user_annotation":
+                return  # the GPU-side copy of the same annotation
+            op = BACKEND_OPS.get(name.split(":", 1)[1])
+            if op is None:
+                trace.unparsed += 1
+                trace.unknown[name] += 1
+                return
+            types = args.get("Input type") or [None]
+            dims = args.get("Input Dims") or [None]
+            self.backend.append((ts, op, _numel(dims[0]), _torch_dtype(types[0])))
+        elif name in VLLM_OPS:
+            op, size_at = VLLM_OPS[name]
+            types = args.get("Input type") or [None]
+            numel = _numel(_dims(args, 0))
+            dur = event.get("dur") or 0.0
+            self.vllm.append((ts, ts + (dur if isinstance(dur, (int, float)) else 0.0), Call(
+                op=op, numel=numel or 0, dtype=_torch_dtype(types[0]) or "unknown",
+                group_size=_concrete_int(args, size_at))))
+        elif name.startswith("ProfilerStep#"):
+            self.steps.append(ts)
+        elif event.get("cat") == "kernel" and "ep::" in name:
+            m = _DEEPEP.search(name)
+            if m:
+                self.ep[f"EP {m[1]}"] += 1
+
+    def calls(self, only_size: int | None, trace: Trace) -> list[tuple[float, Call]]:
+        """vLLM's ops, then the source (record_param_comms, c10d, backend annotations) that
+        sizes the most of the calls outside them."""
+        spans = sorted((s, e) for s, e, _ in self.vllm)
+        starts = [s for s, _ in spans]
+
+        def outside(ts: float) -> bool:
+            i = bisect_right(starts, ts) - 1
+            return i < 0 or ts > spans[i][1]
+
+        # vllm::all_reduce names its group only by vLLM's unique name: the size is the
+        # trace's one process-group size where there is one
+        timed = [(s, c if c.group_size is not None else
+                  Call(c.op, c.numel, c.dtype, only_size)) for s, _, c in self.vllm]
+        param = [(ts, c, n) for ts, c, n in self.param if outside(ts)]
+        c10d = [e for e in self.c10d if outside(e[0])]
+        backend = [e for e in self.backend if outside(e[0])]
+        from_param = [(ts, c) for ts, c, _ in param if c is not None]
+        from_c10d = _from_c10d(c10d, backend, only_size)
+        sized_c10d = [(ts, c) for ts, c in from_c10d if c is not None]
+        from_backend = [(ts, Call(op=op, numel=numel or 0, dtype=dtype or "unknown",
+                                  group_size=only_size)) for ts, op, numel, dtype in backend]
+        sized_backend = sum(1 for e in backend if e[2] is not None)
+        best = max((len(from_param), 2, "param"), (len(sized_c10d), 1, "c10d"),
+                   (sized_backend, 0, "backend"))
+        if best[0] == 0:  # no size anywhere: count the calls of the fullest source
+            unsized = max((len(backend), 1, "backend"), (len(c10d), 0, "c10d"))
+            if unsized[0]:
+                trace.notes.append(NO_SHAPES)
+                return timed + (from_backend if unsized[2] == "backend" else [
+                    (ts, Call(op=C10D_OPS[name][0], numel=0, dtype="unknown",
+                              group_size=only_size)) for ts, name, _ in c10d])
+            return timed
+        if best[2] == "param":
+            for _, c, collective in param:
+                if c is None:
+                    trace.unparsed += 1
+                    trace.unknown[f"record_param_comms {collective}"] += 1
+            return timed + from_param
+        if best[2] == "c10d":
+            for (_, c), (_, name, _) in zip(from_c10d, sorted(c10d, key=lambda e: e[0]),
+                                            strict=True):
+                if c is None:
+                    trace.unparsed += 1
+                    trace.unknown[f"{name} without Input Dims (record_shapes off?)"] += 1
+            return timed + sized_c10d
+        return timed + from_backend
 
 
 def _param_comms_call(args: dict[str, Any]) -> Call | None:
@@ -305,28 +400,31 @@ def _param_comms_call(args: dict[str, Any]) -> Call | None:
 
 
 def _from_c10d(events: list[tuple[float, str, dict[str, Any]]],
-               backend: dict[str, list[tuple[float, int | None, str | None]]],
-               only_size: int | None, trace: Trace) -> list[tuple[float, Call]]:
-    """c10d events; a TensorList's dtype comes from the k-th backend event of the same kind
-    (gloo runs a process group's work in the order it was queued)."""
-    for events_of_kind in backend.values():
-        events_of_kind.sort(key=lambda e: e[0])
+               backend: list[tuple[float, str, int | None, str | None]],
+               only_size: int | None) -> list[tuple[float, Call | None]]:
+    """c10d events (None where unsized); a TensorList's dtype comes from the k-th backend
+    event of the same kind (gloo runs a process group's work in the order it was queued)."""
+    of_kind: dict[str, list[tuple[int | None, str | None]]] = defaultdict(list)
+    for _, op, numel, dtype in sorted(backend, key=lambda e: e[0]):
+        of_kind[op].append((numel, dtype))
     used: dict[str, int] = defaultdict(int)
-    out = []
+    out: list[tuple[float, Call | None]] = []
     for ts, name, args in sorted(events, key=lambda e: e[0]):
         op, index, target = C10D_OPS[name]
-        numel = _numel(_dims(args, index))
         types = args.get("Input type") or []
+        numel = _numel(_dims(args, index))
+        if numel == 1 and index < len(types) and types[index] == "TensorList" \
+                and _dims(args, index) == []:
+            numel = None  # torch <= 2.1 writes a TensorList's dims as []: no size
         dtype = _torch_dtype(types[index]) if index < len(types) else None
         k = used[op]
         used[op] += 1
-        if dtype is None and k < len(backend.get(op, ())):
-            _, b_numel, b_dtype = backend[op][k]
+        if dtype is None and k < len(of_kind.get(op, ())):
+            b_numel, b_dtype = of_kind[op][k]
             if b_numel == numel:
                 dtype = b_dtype
         if numel is None:
-            trace.unparsed += 1
-            trace.unknown[f"{name} without Input Dims (record_shapes off?)"] += 1
+            out.append((ts, None))
             continue
         size = only_size
         if op in ("allgather", "reducescatter"):

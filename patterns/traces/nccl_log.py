@@ -8,7 +8,13 @@ Formats, read from NVIDIA/nccl (tags v2.18.1-1, v2.21.5-1, v2.27.7-1, v2.30.7-1)
 - the call, `src/enqueue.cc` `ncclEnqueueCheck` (v2.18.1-1 line 1586, v2.21.5-1 line 2022,
   v2.27.7-1 line 2419, v2.30.7-1 line 3152): `"%s: opCount %lx sendbuff %p recvbuff %p count
   %zi datatype %d op %d root %d comm %p [nranks=%d] stream %p"` (`%zu` from 2.27 on).
-  RCCL (ROCm/rccl @ 0cbce2a7, src/enqueue.cc line 2197) appends `task %d globalrank %d`.
+  RCCL (ROCm/rccl @ 0cbce2a7, src/enqueue.cc line 2197) appends `task %d globalrank %d`;
+  RCCL 2.27.7 (ROCm 7.2) adds `acc %p` after recvbuff (`recvbuff %p acc %p count ...`, as
+  its logs print it; that source is not in the stored RCCL snapshot). A process of RCCL may
+  drive several GPUs: each globalrank it prints is a rank of its own.
+- lines written by concurrent processes may be cut into one another: the call is read from
+  the last `NCCL INFO` prefix before its `opCount`, a host name glued to another line's
+  fragment cut back to a host already seen.
 - communicators, `src/init.cc`: `"comm %p rank %d nranks %d cudaDev %d ... - Init COMPLETE"`
   (v2.18.1-1 line 1326; v2.21.5-1 line 1573 and v2.27.7-1 line 1469 prefix it with the
   function name, ncclCommInitRank or ncclCommSplit; v2.30.7-1 line 1945).
@@ -25,7 +31,7 @@ from patterns.traces.calls import Call, RankCalls, Trace
 _PREFIX = r"([^\s:]+):(\d+):\d+ \[(\d+)\] NCCL INFO "  # host, pid, (tid), cudaDev
 _WHO = re.compile(r"([^\s:]+):(\d+):\d+ \[(\d+)\]$")  # the prefix's end: host:pid:tid [dev]
 _LINE = re.compile(
-    r"([A-Za-z]+): opCount [0-9a-fA-F]+ sendbuff \S+ recvbuff \S+ count (\d+) "
+    r"([A-Za-z]+): opCount [0-9a-fA-F]+ sendbuff \S+ recvbuff \S+ (?:acc \S+ )?count (\d+) "
     r"datatype (\d+) op \d+ root (-?\d+) comm (\S+) \[nranks=(\d+)\] stream \S+"
     r"(?: task -?\d+ globalrank (-?\d+))?")
 _INIT_LINE = re.compile(_PREFIX + r".*?comm (\S+) rank (\d+) nranks (\d+) cudaDev \d+.*"
@@ -40,6 +46,14 @@ OPS = {"AllReduce": "allreduce", "AllGather": "allgather", "ReduceScatter": "red
        "Broadcast": "broadcast", "Reduce": "reduce", "Send": "send", "Recv": "recv",
        "Gather": "gather", "Scatter": "scatter", "AlltoAll": "alltoall"}
 
+# Operations NCCL 2.32 logs (names read from libnccl.so.2 of the nvidia-nccl-cu12 2.32.3
+# wheel) that no engine profile issues and replay cannot run: named, not read.
+NAMED_ONLY = {"AllGatherV": "NCCL 2.32 all-gather of per-rank sizes, not replayed",
+              "PutSignal": "NCCL 2.32 one-sided put, not replayed",
+              "WaitSignal": "NCCL 2.32 one-sided wait, not replayed"}
+_MISSING = object()
+SEEN_PREFIXES = 4096  # distinct "prefix + op name" texts cached by the reader's fast path
+
 
 @dataclass
 class _Process:
@@ -48,6 +62,7 @@ class _Process:
     key: str
     calls: RankCalls
     ranks_in: dict[str, tuple[int, int]] = field(default_factory=dict)  # comm -> (rank, nranks)
+    globalrank: int = -1  # RCCL's globalrank of the call lines, where printed
 
 
 class LogReader:
@@ -57,6 +72,7 @@ class LogReader:
         self.trace = trace
         self.procs: dict[str, _Process] = {}
         self.files_with_calls = 0
+        self.hosts: set[str] = set()
 
     def _proc(self, key: str) -> _Process:
         proc = self.procs.get(key)
@@ -65,48 +81,72 @@ class LogReader:
         return proc
 
     def feed(self, lines: Iterable[str]) -> int:
-        """Read lines; return the calls found. Hot loop: one regex per call line, and a
-        cache from the line's call fields to the interned call and the process's list."""
+        """Read lines; return the calls found. Hot loop: a few str.find on each call line,
+        one dict look-up keyed by the call's fields (op name, then `count ... [nranks=N]`);
+        the strict regex runs once per distinct call, not once per line."""
         trace, found = self.trace, 0
-        line_match, init_search, who_search = _LINE.match, _INIT_LINE.search, _WHO.search
+        init_search = _INIT_LINE.search
         calls_of: dict[str, _Process | None] = {}  # "host:pid:tid [dev]" -> its process
-        ids_of: dict[tuple[str, ...], int] = {}
+        ids_of: dict[str, tuple[int, int, bool]] = {}
         unknown = trace.unknown
+        appends: dict[str, object] = {}  # who -> the bound append of its calls' array
+        find, rfind = str.find, str.rfind
+        # fastest path: the whole text before ": opCount" (prefix and op name) seen before,
+        # with the same tail from " count " on: the same process issued the same call.
+        # Bounded: logs with timestamps make every prefix new, and fall back to the next path.
+        seen: dict[str, tuple[dict[str, int], object]] = {}
+        seen_get = seen.get
         for line in lines:
-            if "opCount" in line:
-                # The call's fields sit at fixed places of the format (words split on
-                # spaces): checking the literal words is as strict as a regex, and faster.
-                at = line.find(" NCCL INFO ")
-                w = line[at + 11:].split() if at > 0 else ()
-                if (len(w) < 20 or w[1] != "opCount" or w[7] != "count" or w[9] != "datatype"
-                        or w[13] != "root" or w[15] != "comm" or w[18] != "stream"
-                        or not w[0].endswith(":") or not w[17].startswith("[nranks=")):
-                    trace.unparsed += 1  # e.g. a TRACE line about an opCount
-                    unknown["non-call line with opCount"] += 1
+            c = find(line, ": opCount ")
+            if c >= 0:
+                k = find(line, " count ", c)
+                entry = seen_get(line[:c])
+                if entry is not None:
+                    call_id = entry[0].get(line[k:])
+                    if call_id is not None:
+                        entry[1](call_id)  # type: ignore[operator]
+                        found += 1
+                        continue
+                # the key: the 14 characters before ": opCount" (the op name and the end
+                # of " NCCL INFO ") and the line from " count " on; a new key is checked
+                # in full, so a line that shares one has the same fields and shape
+                hit = ids_of.get(line[c - 14:c] + line[k:]) if k > 0 else None
+                if hit is None:
+                    hit = self._slow(line, c, k, ids_of)
+                    if hit is None:
+                        continue
+                call_id, at, rccl = hit
+                at = c - at
+                sp = rfind(line, " ", 0, at)
+                who = line[rfind(line, " ", 0, sp) + 1:at]
+                if not rccl:
+                    append = appends.get(who)
+                    if append is None:
+                        proc = self._who(who)
+                        if proc is None:
+                            trace.unparsed += 1
+                            unknown["call line without host:pid:tid [cudaDev]"] += 1
+                            continue
+                        append = appends[who] = proc.calls.ids.append
+                    append(call_id)  # type: ignore[operator]
+                    found += 1
+                    if len(seen) < SEEN_PREFIXES:
+                        seen.setdefault(line[:c], ({}, append))[0][line[k:]] = call_id
                     continue
-                who = line[max(0, line.rfind(" ", 0, line.rfind(" ", 0, at)) + 1):at]
-                if who in calls_of:
-                    proc = calls_of[who]
-                else:
-                    m = who_search(who)
-                    proc = calls_of[who] = (self._proc(f"{m[1]}:{m[2]}:{m[3]}") if m else None)
+                g = find(line, " globalrank ", k)
+                # RCCL: one process may drive several GPUs; each globalrank is a rank
+                who = who + "#" + line[g + 12:].strip()  # type: ignore[operator]
+                proc = calls_of.get(who, _MISSING)
+                if proc is _MISSING:
+                    proc = calls_of[who] = self._who(who)
                 if proc is None:
                     trace.unparsed += 1
                     unknown["call line without host:pid:tid [cudaDev]"] += 1
                     continue
-                key = (w[0], w[8], w[10], w[14], w[16], w[17])
-                call_id = ids_of.get(key)
-                if call_id is None:
-                    m = line_match(line, at + 11)
-                    call = _call(*m.groups()[:6]) if m else None
-                    if call is None:
-                        trace.unparsed += 1
-                        unknown[f"NCCL call {w[0]} datatype {w[10]}"] += 1
-                        continue
-                    call_id = ids_of[key] = trace.intern(call)
                 proc.calls.ids.append(call_id)
-                if len(w) >= 24 and w[22] == "globalrank" and w[16] not in proc.ranks_in:
-                    proc.ranks_in[w[16]] = (int(w[23]), trace.table[call_id].group_size or 0)
+                comm = trace.table[call_id].group or ""
+                if comm not in proc.ranks_in:
+                    proc.ranks_in[comm] = (proc.globalrank, trace.table[call_id].group_size or 0)
                 found += 1
             elif "Init COMPLETE" in line:
                 m = init_search(line)
@@ -115,13 +155,57 @@ class LogReader:
                     unknown["other line"] += 1
                     continue
                 host, pid, dev, comm, rank, nranks = m.groups()
-                self._proc(f"{host}:{pid}:{dev}").ranks_in[comm] = (int(rank), int(nranks))
+                self._proc(f"{host}:{pid}:{dev}").ranks_in[f"comm {comm}"] = (int(rank),
+                                                                              int(nranks))
             elif line.strip():
                 trace.unparsed += 1
                 unknown["other line"] += 1
         if found:
             self.files_with_calls += 1
         return found
+
+    def _slow(self, line: str, c: int, k: int,
+              ids_of: dict[str, tuple[int, int, bool]]) -> tuple[int, int, bool] | None:
+        """A call line whose key is new: check it in full, intern the call; return (call id,
+        distance from the op name's prefix to ": opCount", RCCL line) or None (counted)."""
+        trace = self.trace
+        at = line.rfind(" ", 0, c) - 10
+        if k < 0 or at < 0 or not line.startswith(" NCCL INFO ", at):
+            trace.unparsed += 1
+            trace.unknown["non-call line with opCount"] += 1
+            return None
+        m = _LINE.match(line, at + 11)
+        call = _call(*m.groups()[:6]) if m else None
+        if m is None or call is None:
+            trace.unparsed += 1
+            trace.unknown[_unread(line[at + 11:c], m is not None)] += 1
+            return None
+        rccl = m[7] is not None
+        hit = (trace.intern(call), c - at, rccl)
+        if not rccl:  # RCCL's tail carries a task counter: its lines are not cached
+            ids_of[line[c - 14:c] + line[k:]] = hit
+        return hit
+
+    def _who(self, who: str) -> "_Process | None":
+        """The process of a prefix `host:pid:tid [dev]` (`#globalrank` appended for RCCL).
+        A host name glued to a fragment of another writer's line ("Allgpu-node") is cut
+        back to a host already seen."""
+        who, _, grank = who.partition("#")
+        m = _WHO.search(who)
+        if m is None:
+            return None
+        host = m[1]
+        if host not in self.hosts:
+            known = [h for h in self.hosts if host.endswith(h)]
+            host = max(known, key=len) if known else host
+        self.hosts.add(host)
+        if grank:
+            if not grank.lstrip("-").isdigit():
+                return None
+            proc = self._proc(f"{host}:{m[2]}:{m[3]}#{grank}")
+            proc.globalrank = int(grank)
+            return proc
+        return self._proc(f"{host}:{m[2]}:{m[3]}")
 
     def finish(self) -> None:
         """Give each process its rank: its rank in the largest communicator it belongs to
@@ -144,10 +228,19 @@ class LogReader:
         self.trace.ranks.extend(sorted((p.calls for p in procs), key=lambda r: r.rank))
 
 
-def _sort_key(key: str) -> tuple[str, int, int]:
+def _sort_key(key: str) -> tuple[str, int, int, int]:
     """Host, then device (a launcher gives local rank r device r), then pid."""
+    key, _, grank = key.partition("#")
     host, pid, dev = key.rsplit(":", 2)
-    return host, int(dev), int(pid)
+    return host, int(dev), int(pid), int(grank or 0)
+
+
+def _unread(name: str, matched: bool) -> str:
+    """What a call line that is not read is, for the summary's 'not understood'."""
+    if name in NAMED_ONLY:
+        return f"{name} ({NAMED_ONLY[name]})"
+    return f"NCCL call {name}" + (" with an unknown datatype" if matched else
+                                  " in a format not understood")
 
 
 def _call(name: str, count_text: str, dtype_text: str, root_text: str, comm: str,
