@@ -281,3 +281,18 @@ def test_srun_gpus_per_task_gives_each_task_its_own_first_gpu():
     with pytest.raises(UsageError, match=r"local rank 3 .* sees 1 GPU;"):
         check_device_index(task, 1, {})
     assert check_device_index(task, 8, {}) == 3
+
+
+def test_sweep_on_nccl_beside_cpu_torch_selects_its_device_through_cupy(cli, tmp_path,
+                                                                         clean_env):
+    """The sweep's rank path: --backend nccl --device cuda beside a CPU torch counts and
+    selects the GPU through CuPy (torch would say no GPU is visible), before the backend."""
+    log: list = []
+    clean_env.setitem(sys.modules, "cupy", _fake_cupy(log, count=2))
+    _stop_at_open(clean_env, log)
+    _torchrun_rank(clean_env, 1, 1)
+    status, _, err = cli("sweep", "--op", "allreduce", "-b", "8", "-e", "64", "--backend",
+                         "nccl", "--device", "cuda", "--out", str(tmp_path))
+    assert (status, err.strip()) == (2, "infercomm sweep: error: stopped at open_backend "
+                                        "(nccl)"), err
+    assert log == [("use", 1), ("open_backend", "nccl", 1)]

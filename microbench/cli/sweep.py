@@ -226,7 +226,10 @@ def run_rank(cases: list[Case], skipped: list[str], pattern: Pattern | None,
 
     watchdog = Watchdog(args.timeout, env.rank, command="sweep").start()
     try:
-        device = resolve_device(args.device)
+        device = resolve_device(args.device, args.backend)  # CuPy's count for nccl
+        if device == "cuda":  # the rank's GPU, before MPI_Init (ranks/device.py)
+            from microbench.ranks.device import select_device
+            select_device(env, args.backend)
         backend = open_backend(args.backend, env=env, device=device, timeout=args.timeout,
                                staging=args.mpi_staging)
         from microbench.algorithms.args import wrap
