@@ -32,9 +32,9 @@ _SIZES = {0: 1, 1: 1, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2}  # ncclDat
 _ids = itertools.count(1)
 
 # The parameters (after self) of CuPy's NcclCommunicator, as cupy_backends/cuda/libs/nccl.pyx
-# declares them (cupy/cupy @ 0fc06191; unchanged in v14.2.0 except commId: tuple -> bytes).
+# declares them at v14.2.0 (cupy/cupy @ dc1552a3; `bytes commId`, and an optional NcclConfig).
 NCCL_PYX_SIGNATURES = {
-    "__init__": ("ndev", "commId", "rank"),
+    "__init__": ("ndev", "commId", "rank", "config"),
     "allReduce": ("sendbuf", "recvbuf", "count", "datatype", "op", "stream"),
     "reduce": ("sendbuf", "recvbuf", "count", "datatype", "op", "root", "stream"),
     "broadcast": ("sendbuff", "recvbuff", "count", "datatype", "root", "stream"),
@@ -46,6 +46,8 @@ NCCL_PYX_SIGNATURES = {
     "abort": (),
     "check_async_error": (),
 }
+# v13.6.0 (cupy/cupy @ 25e552d5): `tuple commId` and no config; every other method the same.
+NCCL_PYX_SIGNATURES_13 = {**NCCL_PYX_SIGNATURES, "__init__": ("ndev", "commId", "rank")}
 
 
 class CaptureError(RuntimeError):
@@ -149,7 +151,7 @@ class Communicator:
     calls = 0
     live: ClassVar["weakref.WeakSet[Communicator]"] = weakref.WeakSet()
 
-    def __init__(self, ndev: int, commId: Any, rank: int) -> None:
+    def __init__(self, ndev: int, commId: Any, rank: int, config: Any = None) -> None:
         _refuse_in_capture("ncclCommInitRank")
         assert (ndev, rank) == (1, 0) and isinstance(commId, bytes) and len(commId) == 128
         self.destroyed = False
