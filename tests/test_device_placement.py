@@ -296,3 +296,26 @@ def test_sweep_on_nccl_beside_cpu_torch_selects_its_device_through_cupy(cli, tmp
     assert (status, err.strip()) == (2, "infercomm sweep: error: stopped at open_backend "
                                         "(nccl)"), err
     assert log == [("use", 1), ("open_backend", "nccl", 1)]
+
+
+def test_mpi_device_buffer_is_synced_before_mpi_sees_it():
+    """R7: torch.zeros on a GPU is an asynchronous fill and mpi4py takes the tensor through
+    DLPack with stream=-1 (no sync): the backend waits on the stream after allocating."""
+    pytest.importorskip("mpi4py")
+    from microbench.backends.mpi_backend import MpiBackend
+    from microbench.backends.mpi_reduce import MpiTypes
+
+    cuda = FakeCuda(1)
+    cuda.set_device(0)
+
+    def zeros(numel, dtype, device):
+        cuda.calls.append(("zeros", numel, device))
+        return torch.zeros(numel, dtype=dtype)
+
+    backend = object.__new__(MpiBackend)
+    backend.device, backend.types = "cuda", MpiTypes()
+    backend._torch = types.SimpleNamespace(uint8=torch.uint8, int16=torch.int16,
+                                           int32=torch.int32, int64=torch.int64, zeros=zeros,
+                                           cuda=cuda)
+    backend.empty(4, "bf16")
+    assert [c[0] for c in cuda.calls[1:]] == ["zeros", "stream.synchronize"]
