@@ -55,7 +55,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--graph", choices=MODES, default=None,
                         help="decode: capture each decode step in a CUDA graph and replay it, "
                              "prefill eager, as vLLM does (default on CUDA for torch and nccl, "
-                             "except with --timing op); none: every call eager")
+                             "except with --timing op or an --eager pattern; PP sends and "
+                             "receives stay eager between the graphs); none: every call eager")
     parser.add_argument("--max-ops-csv", type=byte_size, default=1 << 30, metavar="SIZE",
                         help="--timing op: refuse to start when ops.csv would be larger "
                              "(default 1G; sizes like 500M, 4G)")
