@@ -50,6 +50,10 @@ def run(args: argparse.Namespace) -> int:
     if trace.unknown:
         lines.append("not understood: " + ", ".join(f"{name} x{count:,}" for name, count
                                                     in trace.unknown.most_common(8)))
+    if trace.ep_kernels:
+        lines.append("expert-parallel kernels (DeepEP all-to-alls; no kernel event records "
+                     "their sizes): " + ", ".join(f"{kind} x{count:,}" for kind, count
+                                                  in sorted(trace.ep_kernels.items())))
     lines += trace.notes
     print("\n".join(lines))
     return 0

@@ -97,7 +97,7 @@ VLLM_OPS: dict[str, tuple[str, int | None]] = {
     "vllm::all_reduce": ("allreduce", None), "vllm::all_gather": ("allgather", 2),
     "vllm::reduce_scatter": ("reducescatter", 2)}
 
-_DEEPEP = re.compile(r"\bep::(?:internode_ll|internode|intranode)::(dispatch|combine)\b(?!_)")
+_DEEPEP = re.compile(r"ep::(?:internode_ll|internode|intranode)::(dispatch|combine)\b(?!_)")
 NO_SHAPES = ("sizes unknown: the trace was recorded without shapes; profile with "
              "torch.profiler.profile(record_shapes=True) to read them")
 

@@ -23,6 +23,7 @@ calls: they are counted as unparsed.
 """
 
 import re
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -73,6 +74,8 @@ class LogReader:
         self.procs: dict[str, _Process] = {}
         self.files_with_calls = 0
         self.hosts: set[str] = set()
+        self.glued = 0  # characters of another line's fragment before the last who found
+        self.fragment = ""  # a call line cut by another writer, waiting for its rest
 
     def _proc(self, key: str) -> _Process:
         proc = self.procs.get(key)
@@ -114,15 +117,26 @@ class LogReader:
                 if hit is None:
                     hit = self._slow(line, c, k, ids_of)
                     if hit is None:
+                        if self.fragment and line[:c].isalpha():
+                            # the rest of a line another writer broke into: join it back
+                            joined, self.fragment = self.fragment + line, ""
+                            trace.unparsed -= 1
+                            trace.unknown["non-call line with opCount"] -= 1
+                            trace.unknown += Counter()  # drop a count that fell to 0
+                            found += self.feed([joined])
+                            self.files_with_calls -= 1
                         continue
                 call_id, at, rccl = hit
                 at = c - at
                 sp = rfind(line, " ", 0, at)
-                who = line[rfind(line, " ", 0, sp) + 1:at]
+                start = rfind(line, " ", 0, sp) + 1
+                who = line[start:at]
                 if not rccl:
                     append = appends.get(who)
                     if append is None:
                         proc = self._who(who)
+                        if self.glued:  # another writer's fragment ends where who starts
+                            self.fragment, self.glued = line[:start + self.glued], 0
                         if proc is None:
                             trace.unparsed += 1
                             unknown["call line without host:pid:tid [cudaDev]"] += 1
@@ -197,7 +211,10 @@ class LogReader:
         host = m[1]
         if host not in self.hosts:
             known = [h for h in self.hosts if host.endswith(h)]
-            host = max(known, key=len) if known else host
+            if known:
+                glued = host
+                host = max(known, key=len)
+                self.glued = len(glued) - len(host)
         self.hosts.add(host)
         if grank:
             if not grank.lstrip("-").isdigit():

@@ -37,8 +37,13 @@ def trace_rows(trace: Trace) -> list[dict[str, object]]:
 
 
 def trace_document(trace: Trace) -> dict[str, object]:
-    return {"ranks": len(trace.ranks), "calls": trace.calls, "unparsed": trace.unparsed,
-            "rows": trace_rows(trace)}
+    doc: dict[str, object] = {"ranks": len(trace.ranks), "calls": trace.calls,
+                              "unparsed": trace.unparsed, "rows": trace_rows(trace)}
+    if trace.ep_kernels:
+        doc["ep_kernels"] = dict(sorted(trace.ep_kernels.items()))
+    if trace.notes:
+        doc["notes"] = list(trace.notes)
+    return doc
 
 
 def steps_found(trace: Trace) -> list[StepsFound]:
