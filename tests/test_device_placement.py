@@ -152,7 +152,10 @@ def test_torch_process_group_is_bound_to_the_ranks_device(clean_env):
     clean_env.setattr(dist, "get_rank", lambda: 5)
     clean_env.setattr(dist, "get_world_size", lambda: 8)
     clean_env.setattr(dist, "barrier", lambda **k: seen.update(barrier=k))
-    backend = TorchBackend(DistEnv("slurm", 5, 8, 1, "127.0.0.1", 29500), "cuda", 10.0)
+    from microbench.ranks.dist import detect
+    env = detect({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
+                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"})
+    backend = TorchBackend(env, "cuda", 10.0)
     backend.barrier()
     # rank 5 with local rank 1: GPU 1, where guessDeviceForRank would take 5 % 4 = GPU 1 only
     # by chance; on 8-GPU nodes with 4 ranks a node it takes GPU 5.
@@ -319,3 +322,15 @@ def test_mpi_device_buffer_is_synced_before_mpi_sees_it():
                                            cuda=cuda)
     backend.empty(4, "bf16")
     assert [c[0] for c in cuda.calls[1:]] == ["zeros", "stream.synchronize"]
+
+
+def test_a_rank_without_a_local_rank_variable_is_refused_on_gpus():
+    """PMI_RANK without MPI_LOCALRANKID nor a task srun started (a launcher that says nothing
+    of the node): the local rank is unknown, so rank 3 of 4 would silently take GPU 0."""
+    from microbench.ranks.device import check_device_index
+    from microbench.ranks.dist import detect
+    env = detect({"PMI_RANK": "3", "PMI_SIZE": "4"})
+    with pytest.raises(UsageError, match="rank 3 of 4: no launcher variable gives its local"):
+        check_device_index(env, 8, {})
+    alone = detect({"PMI_RANK": "0", "PMI_SIZE": "1"})
+    assert check_device_index(alone, 8, {}) == 0  # one rank: GPU 0 is its own

@@ -70,6 +70,11 @@ def check_device_index(env: DistEnv, count: int, environ: Any = None) -> int:
     per_task = env_vars.get("SLURM_GPUS_PER_TASK", "")
     if per_task.isdigit() and int(per_task) == count > 0 and env.local_var == "SLURM_LOCALID":
         return 0
+    if not env.local_var and env.world_size > 1:  # every rank would take GPU 0
+        raise UsageError(
+            f"rank {env.rank} of {env.world_size}: no launcher variable gives its local rank "
+            "(LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, SLURM_LOCALID), so its "
+            "GPU is unknown; launch with torchrun, mpiexec or srun, or set LOCAL_RANK")
     if env.local_rank >= count:
         source = env.local_var or "no launcher variable (taken as 0)"
         raise UsageError(
