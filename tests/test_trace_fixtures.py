@@ -1,0 +1,74 @@
+"""The trace formats of tests/fixtures/traces (see its README for the source of each): RCCL
+2.27's `acc` field, RCCL driving several GPUs from one process, lines cut into one another
+by concurrent writers, NCCL 2.32's new operations, torch <= 2.1 Kineto and DeepEP kernels."""
+
+from collections import Counter
+from pathlib import Path
+
+from patterns.traces import read_traces
+from patterns.traces.summary import trace_rows
+
+FIXTURES = Path(__file__).parent / "fixtures" / "traces"
+
+
+def counted(*names: str) -> tuple[Counter, object]:
+    trace = read_traces([str(FIXTURES / n) for n in names])
+    calls: Counter = Counter()
+    for row in trace_rows(trace):
+        calls[(row["rank"], row["op"], row["numel"], row["dtype"], row["group_size"])] += \
+            row["calls"]
+    return calls, trace
+
+
+def test_rccl_2277_lines_with_acc() -> None:
+    # 2 processes x 3 steps x (2 all-reduces of 4096 + 1 all-gather of 32000), datatype 9
+    # (bf16), nranks=2; ranks from globalrank 0 and 1. 2 x 3 x 3 = 18 calls; the 6 TUNING
+    # lines (one per process and step) are not calls.
+    calls, trace = counted("rccl_2277_tp2.log")
+    assert calls == {(r, "allreduce", 4096, "bf16", 2): 6 for r in (0, 1)} | {
+        (r, "allgather", 32000, "bf16", 2): 3 for r in (0, 1)}
+    assert trace.unparsed == 6
+
+
+def test_rccl_one_process_four_gpus_ranked_by_globalrank() -> None:
+    # one pid, cudaDev d prints globalrank 3 - d; 2 fp32 all-reduces of 1024 per rank
+    calls, trace = counted("rccl_single_process_4gpu.log")
+    assert calls == {(r, "allreduce", 1024, "fp32", 4): 2 for r in range(4)}
+    by_rank = {r.rank: r.name for r in trace.ranks}
+    assert by_rank[0].startswith("mi250-1:9300:3")  # device 3 is globalrank 0
+    assert by_rank[3].startswith("mi250-1:9300:0")
+
+
+def test_interleaved_lines_recover_both_calls() -> None:
+    # 4 all-reduces of 8192 bf16 per rank; rank 1's third call sits behind rank 0's
+    # fragment, rank 0's third call is the fragment joined to the next line: 8 calls, none lost
+    calls, trace = counted("nccl_interleaved_tp2.log")
+    assert calls == {(r, "allreduce", 8192, "bf16", 2): 4 for r in (0, 1)}
+    assert trace.unparsed == 0
+    assert [r.name for r in trace.ranks] == ["node-a:501:0", "node-a:502:1"]
+
+
+def test_nccl_232_new_ops_named() -> None:
+    # per rank: 2 AllReduce of 1024 fp32 read; AllGatherV, PutSignal, WaitSignal named
+    calls, trace = counted("nccl_232_new_ops.log")
+    assert calls == {(r, "allreduce", 1024, "fp32", 2): 2 for r in (0, 1)}
+    names = {k.split(" ")[0]: v for k, v in trace.unknown.items()}
+    assert names == {"AllGatherV": 2, "PutSignal": 2, "WaitSignal": 2}
+
+
+def test_torch113_kineto_sizes_from_nccl_annotations() -> None:
+    # 2 steps x (all-reduces of 4432073 and 267040 fp32 + one all-to-all of 8 * 1024 *
+    # 8816 = 72,220,672 fp32); rank 3 (distributedInfo); no group size recorded
+    calls, trace = counted("kineto_torch113_nccl_rank3.json")
+    assert calls == {(3, "allreduce", 4_432_073, "fp32", None): 2,
+                     (3, "allreduce", 267_040, "fp32", None): 2,
+                     (3, "alltoall", 72_220_672, "fp32", None): 2}
+    assert trace.ranks[0].step_starts == [0, 3]
+
+
+def test_deepep_kernels_counted() -> None:
+    # dispatch: dpsk::ep::internode, deep_ep::intranode, deep_ep::internode_ll (3);
+    # combine likewise (3); notify_dispatch, get_dispatch_layout, cached_notify are not counted
+    calls, trace = counted("kineto_deepep_kernels_rank0.json")
+    assert calls == {}
+    assert trace.ep_kernels == {"EP dispatch": 3, "EP combine": 3}
