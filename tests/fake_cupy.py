@@ -150,6 +150,7 @@ class Communicator:
     pending: list[tuple[str, int, int, int, "Communicator"]] | None = None  # an open group
     calls = 0
     live: ClassVar["weakref.WeakSet[Communicator]"] = weakref.WeakSet()
+    async_error: ClassVar[str | None] = None
 
     def __init__(self, ndev: int, commId: Any, rank: int, config: Any = None) -> None:
         _refuse_in_capture("ncclCommInitRank")
@@ -203,7 +204,13 @@ class Communicator:
         self.destroy()  # ncclCommAbort reclaims through commDestroySync too
 
     def check_async_error(self) -> None:
-        pass
+        assert not self.destroyed, "ncclCommGetAsyncError on a destroyed communicator"
+        if Communicator.async_error is not None:  # set by a test: a peer died, a link broke
+            raise NcclError(Communicator.async_error)
+
+
+class NcclError(RuntimeError):
+    """cupy_backends.cuda.libs.nccl.NcclError: raised by check_status on a failed result."""
 
 
 def group_start() -> None:
@@ -237,7 +244,7 @@ def make_modules(version: str = "14.2.0") -> dict[str, types.ModuleType]:
     for name, value in dict(NCCL_SUM=0, NCCL_UINT8=1, NCCL_INT32=2, NCCL_INT64=4,
                             NCCL_FLOAT16=6, NCCL_FLOAT32=7, NCCL_BFLOAT16=9).items():
         setattr(nccl, name, value)
-    nccl.NcclCommunicator = Communicator
+    nccl.NcclCommunicator, nccl.NcclError = Communicator, NcclError
     nccl.get_unique_id = lambda: bytes(range(128))
     nccl.get_version = lambda: 22703
     nccl.groupStart, nccl.groupEnd = group_start, group_end

@@ -219,3 +219,37 @@ def test_a_failing_gpu_rank_ends_without_waiting_in_communicator_destructors(tmp
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(
         "infercomm replay: error: rank 0: RuntimeError: NCCL error: remote process exited")
+
+
+_BROKEN_LINK = _FAILING_RANK.replace('''def run(self, *args, **kwargs):
+    raise RuntimeError("NCCL error: remote process exited or there was a network error")''',
+                                     '''def run(self, *args, **kwargs):
+    fake_cupy.Communicator.async_error = (
+        "NCCL_ERROR_REMOTE_ERROR: remote process exited or there was a network error")
+    time.sleep(3600)  # an NCCL call that never returns: the peer is gone''')
+
+
+def test_an_nccl_async_error_ends_the_rank_at_once_with_its_message(tmp_path):
+    """R4: the watchdog polls ncclCommGetAsyncError (CuPy's check_async_error) each second,
+    so a broken link is reported as NCCL's error, not as 300 s of no progress."""
+    import os
+    import subprocess
+    import time
+    from pathlib import Path
+
+    assert "time.sleep(3600)  # an NCCL call" in _BROKEN_LINK
+    repo = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+           "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "PYTHONPATH": str(repo)}
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", _BROKEN_LINK, "replay", "--model",
+                           tiny_model(tmp_path), "--prompt", "8", "--decode", "4", "--backend",
+                           "nccl", "--device", "cuda", "--timeout", "300",
+                           "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60, env=env, cwd=repo,
+                          check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert time.monotonic() - start < 50  # one poll a second, not the 300 s --timeout
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "infercomm replay: error: rank 0: NcclError: NCCL_ERROR_REMOTE_ERROR: remote process")

@@ -26,6 +26,7 @@ MASTER_ADDR:MASTER_PORT (rank 0 serves it), or through MPI under an MPI launcher
 
 import importlib.util
 import pickle
+import threading
 from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
@@ -84,6 +85,7 @@ class NcclBackend:
         self._exchange = _open_exchange(env, timeout)
         self._groups_made = 0
         self._comms: list[Any] = []  # in creation order, destroyed in that order
+        self._comms_lock = threading.Lock()  # new_group/close vs the watchdog's async_error
         self._world: Group | None = None
         world = self._world = self.new_group("world", list(range(self.world_size)))
         one = self.empty(1, "fp32")
@@ -103,7 +105,8 @@ class NcclBackend:
         if index < 0:
             return Group(name, tuple(ranks), -1, None)
         comm = _communicator(self._cp, self._nccl, len(ranks), unique_id, index)
-        self._comms.append(comm)
+        with self._comms_lock:
+            self._comms.append(comm)
         return Group(name, tuple(ranks), index, comm)
 
     def empty(self, numel: int, dtype: str) -> "_Buffer":
@@ -222,11 +225,28 @@ class NcclBackend:
                 "gpu": name.decode() if isinstance(name, bytes) else str(name),
                 "unique_id_exchange": self._exchange.name}
 
+    def async_error(self) -> str | None:
+        """NCCL's asynchronous error of any communicator (a network error, a peer that
+        died), for the watchdog thread: ncclCommGetAsyncError, the route NCCL's docs give
+        for such errors (usage/communicators.rst @ 5067397c); CuPy raises NcclError."""
+        if not self._comms_lock.acquire(blocking=False):  # closing: the comms are going
+            return None
+        try:
+            for comm in self._comms:
+                try:
+                    comm.check_async_error()
+                except Exception as err:  # CuPy's NcclError, reported in one line
+                    return f"{type(err).__name__}: {str(err).strip().splitlines()[0][:300]}"
+            return None
+        finally:
+            self._comms_lock.release()
+
     def close(self) -> None:
         self.barrier()  # no rank leaves while another still reads the store rank 0 serves
-        for comm in self._comms:
+        with self._comms_lock:  # the watchdog's async_error skips its poll meanwhile
+            comms, self._comms = self._comms, []
+        for comm in comms:
             comm.destroy()
-        self._comms.clear()
         self._exchange.close()
 
 

@@ -204,6 +204,7 @@ def run_rank(pattern: Pattern, env: dist.DistEnv, args: argparse.Namespace) -> i
         check_rank_fits(pattern, env.rank, device, args, index)
         backend = open_backend(args.backend, env=env, device=device, timeout=args.timeout,
                                staging=args.mpi_staging)
+        watchdog.check = getattr(backend, "async_error", None)  # NCCL's async errors
         from microbench.algorithms.args import wrap
         backend = wrap(backend, args)
         watchdog.where = "group creation"

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from microbench.ranks import notes
 
@@ -40,6 +41,9 @@ class Watchdog:
         self._thread = threading.Thread(target=self._watch, name="infercomm-watchdog",
                                         daemon=True)
         self._sentinel: subprocess.Popen[bytes] | None = None
+        # Asked each poll for a library's asynchronous error (NCCL: a broken link or a dead
+        # peer, ncclCommGetAsyncError), reported at once instead of as no progress.
+        self.check: Callable[[], str | None] | None = None
 
     def start(self) -> "Watchdog":
         # Before any backend is opened: forking after MPI or CUDA initialisation is unsafe.
@@ -84,6 +88,12 @@ class Watchdog:
         self._heartbeat()
         while not self._done.wait(poll):
             self._heartbeat()
+            error = self.check() if self.check is not None else None
+            if error:
+                sys.stderr.write(f"infercomm {self.command}: error: rank {self.rank}: "
+                                 f"{error} (during {self.where})\n")
+                sys.stderr.flush()
+                os._exit(1)  # not ncclCommAbort: destroy would wait for live graphs
             now = time.monotonic()
             if self.steps != seen:
                 seen, since = self.steps, now
