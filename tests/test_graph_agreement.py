@@ -111,3 +111,12 @@ def test_pp_calls_stay_out_of_the_graphs(engine):
         for channel, events in log.log.items():
             if channel[0].startswith("pp"):
                 assert {mode for mode, *_ in events} == {"eager"}, channel
+
+
+def test_graph_pieces_of_the_uneven_dp_pattern():
+    from microbench.replay.graph_spans import graph_pieces
+
+    # Rank 0's runs end at steps 1, 4, 8, 11 and rank 1's at 1, 4, 11: pieces cut at every
+    # one; steps 1-3 are decode on rank 0 only (rank 1 prefills), so eager everywhere.
+    assert graph_pieces(_pattern("vllm", "dp2xep-uneven")) == (
+        (0, 1, False), (1, 4, False), (4, 8, True), (8, 11, True))

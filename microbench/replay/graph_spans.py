@@ -24,29 +24,28 @@ Piece = tuple[int, int, bool]  # [start step, end step), captured
 
 
 def graph_pieces(pattern: Pattern) -> tuple[Piece, ...]:
-    """The global step pieces of one inference, each captured or eager on every rank."""
+    """The global step pieces of one inference, each captured or eager on every rank.
+
+    One pass over each rank's runs per piece boundary: linear in runs and pieces, as long
+    request workloads have thousands of runs."""
     timelines = [runs for replica in pattern.replicas() for runs in replica]
     cuts: set[int] = {0}
-    ends = []
     for runs in timelines:
         step = 0
         for run in runs:
             step += run.repeat
             cuts.add(step)
-        ends.append(step)
     points = sorted(cuts)
-    pieces = []
-    for start, end in itertools.pairwise(points):
-        captured = all(_phase_at(runs, start) == Phase.DECODE for runs in timelines)
-        pieces.append((start, end, captured))
-    return tuple(pieces)
-
-
-def _phase_at(runs: tuple, step: int) -> Phase | None:
-    """The phase of the run covering `step` (None past the end of this rank's steps)."""
-    at = 0
-    for run in runs:
-        at += run.repeat
-        if step < at:
-            return run.phase
-    return None
+    decoding = [True] * (len(points) - 1)  # piece i: [points[i], points[i + 1])
+    for runs in timelines:
+        i, end = 0, 0
+        for run in runs:
+            end += run.repeat
+            while i < len(decoding) and points[i] < end:
+                decoding[i] = decoding[i] and run.phase == Phase.DECODE
+                i += 1
+        while i < len(decoding):  # past this rank's last step: nothing to capture with
+            decoding[i] = False
+            i += 1
+    return tuple((start, stop, captured) for (start, stop), captured
+                 in zip(itertools.pairwise(points), decoding, strict=True))
