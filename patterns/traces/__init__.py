@@ -5,8 +5,9 @@ read into one call record, split into steps, compared with a pattern, folded int
     trace = read_traces(["rank0.json", "rank1.json"])
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 from patterns.errors import ConfigError
 from patterns.traces.calls import Call, RankCalls, Trace
@@ -26,13 +27,19 @@ def read_traces(paths: Sequence[str]) -> Trace:
     """Read every file; refuse (ConfigError) a missing file or one that holds no call."""
     trace = Trace()
     logs = LogReader(trace)
+    seen_files: dict[tuple[int, int], str] = {}
+    owner: dict[str, str] = {}  # a log's process -> the file its calls came from
     for index, name in enumerate(paths):
         path = Path(name)
-        if not path.is_file():
-            raise ConfigError(f"trace file {name!r} does not exist; pass " + EXPECTED)
+        _check_file(path, name)
+        ident = (path.stat().st_dev, path.stat().st_ino)
+        if ident in seen_files:
+            raise ConfigError(f"{name}: the same file is given twice (as {seen_files[ident]!r} "
+                              "too); pass each trace file once")
+        seen_files[ident] = name
         if is_kineto(path):
             ep_before = sum(trace.ep_kernels.values())
-            rank = read_kineto(path, trace, index)
+            rank = _named(name, read_kineto, path, trace, index)
             found = len(rank.ids) + sum(trace.ep_kernels.values()) - ep_before
             if found:
                 trace.formats.add("kineto")
@@ -41,19 +48,70 @@ def read_traces(paths: Sequence[str]) -> Trace:
                                       "Kineto file per rank")
                 trace.ranks.append(rank)
         else:
+            before = {key: len(p.calls.ids) for key, p in logs.procs.items()}
             try:
+                _check_text(path, name)
                 with open(path, encoding="utf-8", errors="replace") as f:
-                    found = logs.feed(f)
+                    found = _named(name, logs.feed, f)
                 if found:
                     trace.formats.add("nccl")
             except OSError as err:
                 raise ConfigError(f"trace file {name!r} cannot be read ({err.strerror}); pass "
                                   + EXPECTED) from None
+            for key, proc in logs.procs.items():
+                if len(proc.calls.ids) > before.get(key, 0):
+                    if before.get(key, 0):
+                        raise ConfigError(
+                            f"{name}: process {key} already issued calls in {owner[key]!r}: "
+                            "the same log given twice? pass each process's log once")
+                    owner[key] = name
         if not found:
             raise ConfigError(f"{name}: no communication call found; expected " + EXPECTED)
     logs.finish()
     trace.ranks.sort(key=lambda r: r.rank)
     return trace
+
+
+T = TypeVar("T")
+
+# a log line longer than this is no COLL line: a binary, sparse or damaged file
+MAX_LINE = 1 << 20
+
+
+def _named(name: str, read: Callable[..., T], *args: Any) -> T:
+    """Run a reader; its refusals name the file."""
+    try:
+        return read(*args)
+    except ConfigError as err:
+        text = str(err)
+        if text.startswith((name, str(Path(name)))):
+            raise
+        raise ConfigError(f"{name}: {text}") from None
+
+
+def _check_file(path: Path, name: str) -> None:
+    """Refuse, in one line, what is no regular file: missing, a directory, a FIFO, a device."""
+    if not path.exists():
+        raise ConfigError(f"trace file {name!r} does not exist; pass " + EXPECTED)
+    if path.is_dir():
+        raise ConfigError(f"trace file {name!r} is a directory; pass the files in it, "
+                          + EXPECTED)
+    if not path.is_file():
+        raise ConfigError(f"trace file {name!r} is not a regular file (a FIFO or a device); "
+                          "pass a file on disk: " + EXPECTED)
+
+
+def _check_text(path: Path, name: str) -> None:
+    """A log is text in lines: refuse, reading at most MAX_LINE bytes, a file whose start
+    holds NUL bytes (a sparse or binary file) or no line break (one endless line)."""
+    with open(path, "rb") as f:
+        head = f.read(MAX_LINE)
+    if b"\0" in head:
+        raise ConfigError(f"{name}: NUL bytes in the first MiB: a binary or sparse file, not "
+                          "a log; pass " + EXPECTED)
+    if len(head) == MAX_LINE and b"\n" not in head:
+        raise ConfigError(f"{name}: no line break in the first MiB: not a log of lines; "
+                          "pass " + EXPECTED)
 
 
 __all__ = ["Call", "RankCalls", "Trace", "read_traces"]

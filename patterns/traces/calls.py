@@ -5,6 +5,8 @@ from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 
+from patterns.errors import ConfigError
+
 # Bytes per element of every dtype a trace may name (a superset of patterns.dtypes: NCCL's
 # ncclDataType_t, src/nccl.h.in of v2.30.7-1 lines 382-394, and torch's scalar types).
 TRACE_DTYPE_BYTES: dict[str, int] = {
@@ -76,6 +78,9 @@ class Trace:
     def intern(self, call: Call) -> int:
         found = self._index.get(call)
         if found is None:
+            if call.numel < 0:
+                raise ConfigError(f"a {call.op} call of {call.numel} elements: an element "
+                                  "count is never negative; pass an unmodified trace")
             found = self._index[call] = len(self.table)
             self.table.append(call)
         return found

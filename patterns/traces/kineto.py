@@ -32,6 +32,7 @@ What torch emits, seen on torch 2.13 (CPU, gloo) and in `torch/csrc/profiler/uti
 import gzip
 import json
 import re
+import zlib
 from bisect import bisect_right
 from collections import Counter, defaultdict
 from collections.abc import Iterator
@@ -251,18 +252,25 @@ def read_kineto(path: Path, trace: Trace, default_rank: int) -> RankCalls:
             if isinstance(event, dict) and event.get("ph") == "X":
                 raw.add(event, trace)
     except (json.JSONDecodeError, ValueError, UnicodeDecodeError, OSError, EOFError,
-            RecursionError, TypeError) as err:
+            RecursionError, zlib.error) as err:
         raise ConfigError(f"{path}: not a readable Kineto JSON trace ({err}); pass the "
                           ".json or .json.gz that torch.profiler exported") from None
+    except (TypeError, KeyError, AttributeError, IndexError) as err:
+        raise ConfigError(f"{path}: a Kineto event field of an unexpected type ({err!r}); "
+                          "pass the .json or .json.gz that torch.profiler exported") from None
 
     info = header["distributedInfo"] if isinstance(header["distributedInfo"], dict) else None
     rank = info.get("rank") if info else None
     rank = rank if isinstance(rank, int) else default_rank
-    sizes = _pg_sizes(info, rank)
-    only_size = next(iter(sizes)) if len(sizes) == 1 else None
-    host = header["host_name"] if isinstance(header["host_name"], str) else "?"
-    calls = RankCalls(rank=rank, name=f"{host}:rank{rank} ({path.name})")
-    timed = raw.calls(only_size, trace)
+    try:
+        sizes = _pg_sizes(info, rank)
+        only_size = next(iter(sizes)) if len(sizes) == 1 else None
+        host = header["host_name"] if isinstance(header["host_name"], str) else "?"
+        calls = RankCalls(rank=rank, name=f"{host}:rank{rank} ({path.name})")
+        timed = raw.calls(only_size, trace)
+    except (TypeError, KeyError, AttributeError, IndexError, ValueError) as err:
+        raise ConfigError(f"{path}: a Kineto field of an unexpected type ({err!r}); pass "
+                          "the .json or .json.gz that torch.profiler exported") from None
     for kind, count in raw.ep.items():
         trace.ep_kernels[kind] += count
     timed.sort(key=lambda tc: tc[0])

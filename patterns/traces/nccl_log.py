@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from patterns.errors import ConfigError
 from patterns.traces.calls import Call, RankCalls, Trace
 
 _PREFIX = r"([^\s:]+):(\d+):\d+ \[(\d+)\] NCCL INFO "  # host, pid, (tid), cudaDev
@@ -189,6 +190,9 @@ class LogReader:
             trace.unknown["non-call line with opCount"] += 1
             return None
         m = _LINE.match(line, at + 11)
+        if m is None and line.startswith(" count -", k):
+            raise ConfigError(f"a call line with a negative count ({line[k + 7:].split()[0]}): "
+                              "NCCL prints an unsigned element count; pass an unmodified log")
         call = _call(*m.groups()[:6]) if m else None
         if m is None or call is None:
             trace.unparsed += 1
@@ -228,6 +232,7 @@ class LogReader:
         """Give each process its rank: its rank in the largest communicator it belongs to
         (from init lines, or RCCL's globalrank); else its place in host, cudaDev, pid order."""
         procs = [p for p in self.procs.values() if len(p.calls.ids)]
+        self._one_run(procs)
         chosen: list[int] = []
         for proc in procs:
             if proc.ranks_in:
@@ -243,6 +248,21 @@ class LogReader:
             for rank, proc in enumerate(sorted(procs, key=lambda p: _sort_key(p.key))):
                 proc.calls.rank = rank
         self.trace.ranks.extend(sorted((p.calls for p in procs), key=lambda r: r.rank))
+
+
+    def _one_run(self, procs: list[_Process]) -> None:
+        """Refuse logs of separate runs given together: more processes than the largest
+        communicator holds, and no point-to-point call that could join their groups (a
+        TP2 x PP2 run has its stages' send/recv; two TP2 runs have none)."""
+        table = self.trace.table
+        sizes = {table[i].group_size or 0 for p in procs for i in set(p.calls.ids)}
+        p2p = any(table[i].op in ("send", "recv") for p in procs for i in set(p.calls.ids))
+        largest = max(sizes, default=0)
+        if largest and len(procs) > largest and not p2p and not any(p.ranks_in for p in procs):
+            raise ConfigError(
+                f"{len(procs)} processes but no communicator of more than {largest} ranks and "
+                "no send/recv between them: these look like the logs of separate runs; pass "
+                "the logs of one run (every process of it)")
 
 
 def _sort_key(key: str) -> tuple[str, int, int, int]:
