@@ -307,6 +307,10 @@ class _Raw:
         args = event.get("args") or {}
         if not isinstance(args, dict):
             raise ValueError(f"event {name!r} has args of type {type(args).__name__}")
+        for key in ("Input Dims", "Input type", "Concrete Inputs"):
+            if not isinstance(args.get(key, []), list):
+                raise TypeError(f"{key} of event {name!r} is a "
+                                f"{type(args[key]).__name__}, not a list")
         ts = event.get("ts") or 0.0
         if not isinstance(ts, (int, float)):
             raise ValueError(f"event {name!r} has a ts of type {type(ts).__name__}")
