@@ -72,3 +72,26 @@ def test_deepep_kernels_counted() -> None:
     calls, trace = counted("kineto_deepep_kernels_rank0.json")
     assert calls == {}
     assert trace.ep_kernels == {"EP dispatch": 3, "EP combine": 3}
+
+
+def test_launcher_prefixes_still_read(tmp_path: Path) -> None:
+    # The prefixes launchers put before NCCL's own (src/debug.cc "%s:%d:%d [%d] NCCL INFO "):
+    # Ray's "(RayTrainWorker pid=N, ip=A) ", `srun -l`'s "T: ", NCCL 2.30's "[%F %T] "
+    # timestamp; and a TUNING line (v2.30.7-1 enqueue.cc:822), which is no call.
+    call = ("gpu-{r}:{pid}:{pid}9 [0] NCCL INFO AllReduce: opCount {n} sendbuff 0x7f01 "
+            "recvbuff 0x7f02 count 2048 datatype 9 op 0 root 0 comm 0x5{r} [nranks=2] "
+            "stream 0x55aa\n")
+    lines = []
+    for n in range(3):
+        lines.append(f"(RayTrainWorker pid=311, ip=10.0.0.7) [2026-11-24 08:00:0{n}] "
+                     + call.format(r=0, pid=311, n=n))
+        lines.append("1: " + call.format(r=1, pid=412, n=n))
+    lines.append("1: gpu-1:412:4129 [0] NCCL INFO AllReduce: 4096 Bytes -> Algo RING proto LL "
+                 "channel{Lo..Hi}={0..1}\n")
+    (tmp_path / "mixed.log").write_text("".join(lines))
+    trace = read_traces([str(tmp_path / "mixed.log")])
+    # 3 all-reduces of 2048 bf16 per process; hosts gpu-0 < gpu-1 give ranks 0 and 1
+    assert [(r.rank, r.name, len(r.ids)) for r in trace.ranks] == [
+        (0, "gpu-0:311:0", 3), (1, "gpu-1:412:0", 3)]
+    assert trace.table[trace.ranks[0].ids[0]].describe() == "allreduce 2048 x bf16 (group of 2)"
+    assert trace.unparsed == 1
