@@ -1,6 +1,6 @@
 """Reading a large NCCL COLL log: rate in lines/s and peak memory, against a bare read loop.
 
-    python benchmarks/trace_read.py [--gib 1.0]
+    python benchmarks/trace_read.py [--gib 1.0] [--stamps]
 
 Writes a log of about `--gib` GiB into a temporary file, streaming (NCCL v2.27 format,
 src/enqueue.cc:2419: 8 processes of a TP8 vLLM-like run, 65 all-reduces and a gather a step,
@@ -29,8 +29,10 @@ OTHER = ("%s:%d:%d [%d] NCCL INFO AllReduce: 8192 Bytes -> Algo RING proto LL "
          "channel{Lo..Hi}={0..1}\n%s:%d:%d [%d] NCCL INFO Channel 00/24 :    0   1   2   3\n")
 
 
-def write_log(path: str, target_bytes: int) -> int:
-    """Write steps of 8 ranks until the file reaches `target_bytes`; return its lines."""
+def write_log(path: str, target_bytes: int, stamps: bool = False) -> int:
+    """Write steps of 8 ranks until the file reaches `target_bytes`; return its lines.
+    With `stamps`, every line starts with its own microsecond timestamp (as a launcher that
+    stamps lines writes it), so that no two call lines share their prefix."""
     lines = written = 0
     opcount = 0
     with open(path, "w", buffering=1 << 20) as f:
@@ -48,6 +50,8 @@ def write_log(path: str, target_bytes: int) -> int:
                                       pid + 3, rank))
                 lines += 66 + 2
             opcount += 1
+            if stamps:
+                chunk = [f"[{lines:012d}.{i:06d}] " + text for i, text in enumerate(chunk)]
             text = "".join(chunk)
             f.write(text)
             written += len(text)
@@ -65,6 +69,9 @@ def bare_read(path: str) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--gib", type=float, default=1.0)
+    parser.add_argument("--stamps", action="store_true",
+                        help="a timestamp of its own before every line (the reader's slower "
+                             "path: no two call lines share a prefix)")
     args = parser.parse_args()
     print(f"machine: {platform.node()} {platform.processor() or platform.machine()}, "
           f"Python {platform.python_version()}")
@@ -72,7 +79,7 @@ def main() -> None:
     os.close(fd)
     try:
         start = time.perf_counter()
-        lines = write_log(path, int(args.gib * (1 << 30)))
+        lines = write_log(path, int(args.gib * (1 << 30)), args.stamps)
         size = os.path.getsize(path)
         print(f"wrote {size / (1 << 30):.2f} GiB, {lines:,} lines in "
               f"{time.perf_counter() - start:.1f} s")
@@ -91,7 +98,8 @@ def main() -> None:
     finally:
         os.unlink(path)
     figures = {
-        "benchmark": "trace_read", "file_gib": round(size / (1 << 30), 3), "lines": lines,
+        "benchmark": "trace_read", "stamps": args.stamps,
+        "file_gib": round(size / (1 << 30), 3), "lines": lines,
         "calls": trace.calls, "unparsed": trace.unparsed,
         "bare_lines_per_s": round(lines / bare_s), "reader_lines_per_s": round(lines / read_s),
         "reader_vs_bare": round(read_s / bare_s, 2), "summary_s": round(summary_s, 2),
