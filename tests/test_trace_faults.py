@@ -118,3 +118,18 @@ def test_report_of_a_trace_replay(tmp_path: Path) -> None:
     out, _ = infercomm("predict", "--sweep", str(sweep), "--against", str(run))
     assert out.returncode in (0, 2) and "Traceback" not in out.stderr, out.stderr
     assert "NoneType" not in out.stderr
+
+
+def test_replay_of_a_trace_without_sizes_refused(tmp_path: Path) -> None:
+    # DeepEP kernels only (tests/fixtures/traces): counted, nothing with a size to replay
+    fixture = Path(__file__).parent / "fixtures" / "traces" / "kineto_deepep_kernels_rank0.json"
+    refused("replay", "--trace", str(fixture), "--out", str(tmp_path / "a"),
+            says="no call with a size")
+    # a trace recorded without shapes: c10d::allreduce_ and nccl:all_reduce with no args
+    events = [{"ph": "X", "name": n, "cat": "cpu_op", "ts": t, "dur": 1}
+              for t, n in enumerate(["c10d::allreduce_", "nccl:all_reduce"] * 2)]
+    path = tmp_path / "noshapes.json"
+    path.write_text(json.dumps({"distributedInfo": {"rank": 0}, "traceEvents": events}))
+    refused("replay", "--trace", str(path), "--out", str(tmp_path / "b"),
+            says="record_shapes=True")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

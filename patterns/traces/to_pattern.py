@@ -147,6 +147,13 @@ def fold_grouped_p2p(trace: Trace) -> None:
 
 def trace_pattern(trace: Trace) -> Pattern:
     """The trace as a pattern: the first step is the prefill, the others decode steps."""
+    if not trace.calls:
+        raise ConfigError("the trace holds no call with a size to replay"
+                          + (" (only expert-parallel kernels, whose events record no sizes)"
+                             if trace.ep_kernels else "") + "; pass a trace with its calls")
+    if any(call.dtype == "unknown" and not call.numel for call in trace.table):
+        raise ConfigError("the trace's calls have no sizes (recorded without shapes): replay "
+                          "needs them; profile with torch.profiler.profile(record_shapes=True)")
     if "nccl" in trace.formats:
         fold_grouped_p2p(trace)
     layout = trace_layout(trace)
