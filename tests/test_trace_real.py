@@ -137,3 +137,16 @@ def test_deepseek_v3_deepep_kernels_named() -> None:
     doc = json.loads(out.stdout.strip().splitlines()[-1])
     assert doc["ep_kernels"] == {"EP dispatch": 8, "EP combine": 8}
     assert doc["calls"] == 0
+
+
+def test_validate_matches_the_vllm_v1_trace() -> None:
+    # the 74 calls above against vLLM's profile of gpt-oss-120b at TP8 on B200 with the
+    # padded MoE output (3072 = 2880 rounded up to a multiple of 256): exit 0, 74 calls read
+    out, _ = infercomm("validate", "--trace",
+                       str(REAL / "vllm_gptoss120b_tp8_b200_prefill888_rank0.json.gz"),
+                       "--model", "gpt-oss-120b", "--tp", "8", "--prompt", "888", "--decode",
+                       "1", "--gpu", "b200", "--eager", "--moe-backend",
+                       "flashinfer-trtllm-padded")
+    assert out.returncode == 0, out.stdout + out.stderr
+    doc = json.loads(out.stdout.strip().splitlines()[-1])
+    assert doc["match"] is True and doc["calls"] == 74
