@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from patterns import ConfigError
-from patterns.traces import kineto
+from patterns.traces import kineto_stream as kineto
 from patterns.traces.steps import find_period, fold, split_steps
 
 
