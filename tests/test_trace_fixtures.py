@@ -5,7 +5,7 @@ by concurrent writers, NCCL 2.32's new operations, torch <= 2.1 Kineto and DeepE
 from collections import Counter
 from pathlib import Path
 
-from patterns.traces import read_traces
+from patterns.traces import Call, read_traces
 from patterns.traces.summary import trace_rows
 
 FIXTURES = Path(__file__).parent / "fixtures" / "traces"
@@ -95,3 +95,30 @@ def test_launcher_prefixes_still_read(tmp_path: Path) -> None:
         (0, "gpu-0:311:0", 3), (1, "gpu-1:412:0", 3)]
     assert trace.table[trace.ranks[0].ids[0]].describe() == "allreduce 2048 x bf16 (group of 2)"
     assert trace.unparsed == 1
+
+
+def test_vllm_reduce_scatter_and_fused_op(tmp_path: Path) -> None:
+    # vllm/distributed/parallel_state.py @ 0c175ae9: reduce_scatter(tensor, dim, world_size,
+    # group_name) -> the cpu_op vllm::reduce_scatter with Concrete Inputs ["", dim,
+    # world_size, ""] (as the real V1 trace writes vllm::all_gather's: ["", "-1", "8", ""]).
+    # Input [16, 4096] bf16 over 4 ranks: 16 * 4096 = 65,536 elements in, group of 4. The
+    # fused matmul + reduce-scatter op is named, not sized.
+    import json
+    events = [{"ph": "X", "cat": "cpu_op", "ts": 1, "dur": 2, "args": {},
+               "name": "vllm::patched_fused_scaled_matmul_reduce_scatter"},
+              {"ph": "X", "cat": "cpu_op", "name": "vllm::reduce_scatter", "ts": 5, "dur": 3,
+               "args": {"Input Dims": [[16, 4096], [], [], []],
+                        "Input type": ["c10::BFloat16", "Scalar", "Scalar", ""],
+                        "Concrete Inputs": ["", "0", "4", ""]}},
+              # what the op runs inside its span: the same call, not another
+              {"ph": "X", "cat": "cpu_op", "name": "c10d::_reduce_scatter_base_", "ts": 6,
+               "dur": 1, "args": {"Input Dims": [[4, 4096], [16, 4096], [], [], []],
+                                  "Input type": ["c10::BFloat16", "c10::BFloat16", "", "",
+                                                 "Scalar"]}}]
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps({"distributedInfo": {"rank": 0}, "traceEvents": events}))
+    trace = read_traces([str(path)])
+    assert [trace.table[i] for i in trace.ranks[0].ids] == [
+        Call(op="reducescatter", numel=65_536, dtype="bf16", group_size=4)]
+    assert list(trace.unknown) == ["vllm::patched_fused_scaled_matmul_reduce_scatter (vLLM "
+                                   "matmul fused with a collective, not sized)"]

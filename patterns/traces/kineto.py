@@ -14,9 +14,10 @@ What torch emits, seen on torch 2.13 (CPU, gloo) and in `torch/csrc/profiler/uti
 - vLLM V1's own custom ops, registered in `vllm/distributed/parallel_state.py` (vllm-project/
   vllm @ 0c175ae9, `direct_register_custom_op` of `all_reduce(tensor, group_name)`,
   `reduce_scatter(tensor, dim, world_size, group_name)`, `all_gather(tensor, dim, world_size,
-  group_name)`): `vllm::all_reduce`, `vllm::all_gather`, `vllm::reduce_scatter` cpu_ops with
-  exact shapes; they wrap whatever runs below (`symm_mem::multimem_all_reduce_`, custom
-  all-reduce, or c10d), so the events nested inside them are not counted again.
+  group_name)`, and `patched_fused_scaled_matmul_reduce_scatter`, named only):
+  `vllm::all_reduce`, `vllm::all_gather`, `vllm::reduce_scatter` cpu_ops with exact shapes;
+  they wrap whatever runs below (`symm_mem::multimem_all_reduce_`, custom all-reduce, or
+  c10d), so the events nested inside them are not counted again.
 - torch up to about 2.1: `record_param_comms` without `Collective name`, c10d ops whose
   TensorList has no dims; the sizes live in the backend's `nccl:all_reduce`, `nccl:all_to_all`,
   `nccl:_all_gather_base` ... user annotations (`torch/csrc/distributed/c10d/
@@ -95,6 +96,8 @@ VLLM_OPS: dict[str, tuple[str, int | None]] = {
     "vllm::all_reduce": ("allreduce", None), "vllm::all_gather": ("allgather", 2),
     "vllm::reduce_scatter": ("reducescatter", 2)}
 
+# the other collective ops parallel_state.py registers (the fused matmul + reduce-scatter)
+_VLLM_FUSED = ("_reduce_scatter", "_all_gather", "_all_reduce")
 _DEEPEP = re.compile(r"ep::(?:internode_ll|internode|intranode)::(dispatch|combine)\b(?!_)")
 NO_SHAPES = ("sizes unknown: the trace was recorded without shapes; profile with "
              "torch.profiler.profile(record_shapes=True) to read them")
@@ -244,6 +247,11 @@ class _Raw:
             self.vllm.append((ts, ts + (dur if isinstance(dur, (int, float)) else 0.0), Call(
                 op=op, numel=numel or 0, dtype=_torch_dtype(types[0]) or "unknown",
                 group_size=_concrete_int(args, size_at))))
+        elif name.startswith("vllm::") and name.endswith(_VLLM_FUSED):
+            # e.g. vllm::patched_fused_scaled_matmul_reduce_scatter: a matmul fused with its
+            # reduce-scatter inside symmetric memory; the reduced tensor is not an argument
+            trace.unparsed += 1
+            trace.unknown[f"{name} (vLLM matmul fused with a collective, not sized)"] += 1
         elif name.startswith("ProfilerStep#"):
             self.steps.append(ts)
         elif event.get("cat") == "kernel" and "ep::" in name:
