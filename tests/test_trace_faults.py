@@ -34,10 +34,14 @@ def refused(*args: str, says: str) -> None:
 
 def test_two_tp2_runs_are_not_one_tp2_pp2(tmp_path: Path) -> None:
     # item 5: 4 processes, no communicator of more than 2 ranks, no send/recv
+    # (`trace` reads them and says so: DP replicas whose DP traffic is on gloo look alike)
     a, b = tp2_log(tmp_path / "a.log", "node-a"), tp2_log(tmp_path / "b.log", "node-b")
-    refused("trace", str(a), str(b), says="separate runs")
+    out, _ = infercomm("trace", str(a), str(b))
+    assert out.returncode == 0 and "separate runs" in out.stdout, out.stdout + out.stderr
     refused("replay", "--trace", str(a), str(b), "--out", str(tmp_path / "r"),
             says="separate runs")
+    refused("validate", "--trace", str(a), str(b), "--model", "llama-3.2-1b", "--tp", "2",
+            "--pp", "2", "--prompt", "4", "--decode", "1", says="separate runs")
     assert not (tmp_path / "r").exists()
 
 

@@ -73,6 +73,8 @@ class Trace:
     formats: set[str] = field(default_factory=set)  # "nccl" (logs), "kineto"
     # kernels of expert-parallel libraries named but not sized ("EP dispatch" -> count)
     ep_kernels: Counter = field(default_factory=Counter)
+    # why the ranks may not be one run (set by the log reader; replay refuses such a trace)
+    disjoint: str | None = None
     _index: dict[Call, int] = field(default_factory=dict, repr=False)
 
     def intern(self, call: Call) -> int:

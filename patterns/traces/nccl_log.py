@@ -251,18 +251,20 @@ class LogReader:
 
 
     def _one_run(self, procs: list[_Process]) -> None:
-        """Refuse logs of separate runs given together: more processes than the largest
-        communicator holds, and no point-to-point call that could join their groups (a
-        TP2 x PP2 run has its stages' send/recv; two TP2 runs have none)."""
+        """Say when the logs may be of separate runs given together: more processes than the
+        largest communicator holds, and no point-to-point call that could join their groups
+        (a TP2 x PP2 run has its stages' send/recv; two TP2 runs have none, and neither has a
+        DP2 x TP2 run whose DP traffic goes over gloo). `replay --trace` refuses such logs."""
         table = self.trace.table
         sizes = {table[i].group_size or 0 for p in procs for i in set(p.calls.ids)}
         p2p = any(table[i].op in ("send", "recv") for p in procs for i in set(p.calls.ids))
         largest = max(sizes, default=0)
         if largest and len(procs) > largest and not p2p and not any(p.ranks_in for p in procs):
-            raise ConfigError(
+            self.trace.disjoint = (
                 f"{len(procs)} processes but no communicator of more than {largest} ranks and "
-                "no send/recv between them: these look like the logs of separate runs; pass "
-                "the logs of one run (every process of it)")
+                "no send/recv between them: the logs of separate runs, or data-parallel "
+                "replicas, not one TP x PP layout")
+            self.trace.notes.append(self.trace.disjoint)
 
 
 def _sort_key(key: str) -> tuple[str, int, int, int]:

@@ -154,6 +154,8 @@ def trace_pattern(trace: Trace) -> Pattern:
     if any(call.dtype == "unknown" and not call.numel for call in trace.table):
         raise ConfigError("the trace's calls have no sizes (recorded without shapes): replay "
                           "needs them; profile with torch.profiler.profile(record_shapes=True)")
+    if trace.disjoint:
+        raise ConfigError(trace.disjoint + "; pass the logs of one run (every process of it)")
     if "nccl" in trace.formats:
         fold_grouped_p2p(trace)
     layout = trace_layout(trace)

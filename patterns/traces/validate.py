@@ -173,6 +173,9 @@ def _compare_rank(trace: Trace, rank: RankCalls, pattern: Pattern, p2p: set[str]
 
 def validate(trace: Trace, pattern: Pattern) -> Validation:
     world = pattern.layout.world_size
+    if trace.disjoint and pattern.layout.pp > 1:
+        raise ConfigError(trace.disjoint + "; a pipeline's stages send/recv between them: "
+                          "pass the logs of one run (every process of it)")
     result = Validation([], None)
     present = {call.op for call in trace.table}
     # the p2p form where the log holds NCCL calls and no native gather / all-to-all
