@@ -122,6 +122,42 @@ def test_cheap_commands_run(where: str, argv: list[str], monkeypatch):
     assert out.getvalue().strip(), where
 
 
+def _model_named(argv: list[str]) -> str | None:
+    for i, word in enumerate(argv[:-1]):
+        if word == "--model":
+            return argv[i + 1]
+    return next((w.split("=", 1)[1] for w in argv if w.startswith("--model=")), None)
+
+
+MODELS = [(w, m) for w, a in ALL if (m := _model_named(a)) is not None]
+
+
+@pytest.mark.parametrize("where,model", MODELS, ids=[w[:80] for w, _ in MODELS])
+def test_every_model_named_is_a_preset_or_a_path(where: str, model: str):
+    # A flag that parses can still name a model that does not exist (`--model tiny` once
+    # stood in the README): a preset, or something that reads as a config.json's path.
+    from patterns.models import PRESETS
+
+    looks_like_path = "/" in model or model.endswith(".json") or model.isupper()
+    assert model.lower() in PRESETS or looks_like_path, f"{where}: unknown model {model!r}"
+
+
+def test_the_readme_replay_runs(tmp_path: Path):
+    # The README's "How long does it take here?" command, as shown, on two local ranks.
+    import json
+    import subprocess
+    import sys
+
+    shown = [a for w, a in ALL if w.startswith("README.md") and a[:1] == ["replay"]
+             and "--device" in a and "cpu" in a]
+    assert shown, "the README shows a local replay"
+    proc = subprocess.run([sys.executable, "-m", "microbench", *shown[0], "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    last = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert last["wrong"] == 0 and last["world_size"] == 2, last
+
+
 def test_a_stale_flag_fails(tmp_path: Path):
     page = tmp_path / "stale.md"
     page.write_text("Old text:\n\n```bash\ninfercomm pattern --model tiny --tp 2 \\\n"

@@ -120,8 +120,20 @@ def test_report_of_a_trace_replay(tmp_path: Path) -> None:
     sweep = Path(__file__).parents[1] / "results" / "examples" / "samples" / \
         "20261122T035613Z-sweep-torch-gloo-w2"
     out, _ = infercomm("predict", "--sweep", str(sweep), "--against", str(run))
-    assert out.returncode in (0, 2) and "Traceback" not in out.stderr, out.stderr
-    assert "NoneType" not in out.stderr
+    # the trace is read again for its pattern: measured beside predicted, exit 0
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert "measured/predicted" in out.stdout, out.stdout
+    last = json.loads(out.stdout.strip().splitlines()[-1])
+    assert last["model"] == "trace" and last["tp"] == 2 and "prefill_us" in last["measured"]
+    # with pattern options the options are priced, even where the trace is gone
+    log.unlink()
+    out, _ = infercomm("predict", "--sweep", str(sweep), "--against", str(run),
+                       "--model", "llama-3.2-1b", "--tp", "2", "--prompt", "8", "--decode", "4")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1])["model"] == "llama-3.2-1b"
+    out, _ = infercomm("predict", "--sweep", str(sweep), "--against", str(run))
+    assert out.returncode == 2 and "which is not here" in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
 
 
 def test_replay_of_a_trace_without_sizes_refused(tmp_path: Path) -> None:

@@ -58,12 +58,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def measured_medians(path: str) -> tuple[RunFolder, Pattern | None, dict[str, float]]:
+def measured_medians(path: str, rebuild: bool = True
+                     ) -> tuple[RunFolder, Pattern | None, dict[str, float]]:
+    """The replay's median of each metric, and its pattern unless the options give one."""
     replay = load_run(path)
     if replay.kind != "replay":
         raise UsageError(f"--against {path}: a {replay.kind} run; pass a replay run")
-    return replay, run_pattern(replay), {k: float(np.median(v))
-                                         for k, v in replay_samples(replay).items()}
+    return replay, run_pattern(replay) if rebuild else None, {
+        k: float(np.median(v)) for k, v in replay_samples(replay).items()}
 
 
 def load_sweep(flag: str, path: str) -> RunFolder:
@@ -107,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
     pattern = None
     replay = None
     if args.against is not None:
-        replay, pattern, measured = measured_medians(args.against)
+        replay, pattern, measured = measured_medians(args.against,
+                                                     rebuild=args.model is None)
     if args.model is not None:
         missing = [f"--{n}" for n in ("prompt", "decode") if getattr(args, n) is None]
         if missing and not args.requests:  # a workload brings its own prompts and outputs

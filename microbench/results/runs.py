@@ -153,6 +153,8 @@ def run_pattern(run: RunFolder) -> Pattern | None:
     parser = OneLineParser(prog="infercomm", add_help=False, allow_abbrev=False)
     add_pattern_arguments(parser, required=False)
     argv = list(run.meta["argv"])[1:]
+    if "--trace" in argv:
+        return _trace_pattern(run, argv)
     args, _ = parser.parse_known_args(argv)
     if not any(a == "--engine" or a.startswith("--engine=") for a in argv):
         # The default engine changed (vllm-v0, then vllm): the engine that ran is recorded.
@@ -164,3 +166,32 @@ def run_pattern(run: RunFolder) -> Pattern | None:
         raise UsageError(f"{run.path}: cannot rebuild its pattern from the recorded command "
                          f"line ({err}); pass the pattern options instead") from None
 
+
+
+def _trace_pattern(run: RunFolder, argv: list[str]) -> Pattern:
+    """A `replay --trace` run's pattern, read again from the trace files it replayed.
+
+    The files are named as the command line gave them (relative to where it ran); one that
+    is gone or changed its layout is said in one line rather than priced as something else.
+    """
+    start = argv.index("--trace") + 1
+    files = []
+    for arg in argv[start:]:
+        if arg.startswith("-"):
+            break
+        files.append(arg)
+    missing = [f for f in files if not Path(f).is_file()]
+    if missing:
+        raise UsageError(f"{run.path}: replayed the trace {missing[0]}, which is not here "
+                         "(run from the folder it was replayed from, or pass the pattern "
+                         "options instead)")
+    from patterns.traces import read_traces
+    from patterns.traces.to_pattern import trace_pattern
+
+    pattern = trace_pattern(read_traces(files))
+    recorded = run.meta["pattern"].get("layout", {}).get("world_size")
+    if recorded is not None and pattern.layout.world_size != recorded:
+        raise UsageError(f"{run.path}: the trace {files[0]} now reads as "
+                         f"{pattern.layout.world_size} ranks, the replay ran {recorded}; "
+                         "pass the pattern options instead")
+    return pattern
