@@ -238,3 +238,17 @@ def test_compare_names_the_algorithm_that_differs():
     # a run made with the library's own all-reduce records no algorithm
     assert facts(run({}))["all-reduce algorithm"] == "library"
     assert facts(run({"allreduce_algo": "ring"}))["all-reduce algorithm"] == "ring"
+
+
+def test_compare_names_the_gather_path_of_the_two_nccl_backends():
+    # GPU review R13: torch's ProcessGroupNCCL and the nccl backend's grouped send/recv may
+    # run different gather/all-to-all algorithms; a comparison of the two says so.
+    from microbench.analysis.differences import differences
+
+    def run(versions):
+        return types.SimpleNamespace(meta={"versions": versions, "hosts": ["h"]})
+    torch_run = run({"nccl": "2.28.3", "gather_alltoall": "ProcessGroupNCCL"})
+    nccl_run = run({"nccl": "2.28.3", "gather_alltoall": "grouped send/recv"})
+    assert differences([torch_run], [nccl_run]) == [
+        {"what": "gather/all-to-all", "a": "ProcessGroupNCCL", "b": "grouped send/recv"}]
+    assert differences([torch_run], [torch_run]) == []

@@ -167,6 +167,8 @@ def test_nccl_backend_objects_versions_and_marks(fake):
     info = fake.versions()
     assert (info["nccl"], info["cuda"], info["gpu"]) == ("2.27.3", "12.4", "Fake GPU")
     assert info["unique_id_exchange"] == "tcp-store"
+    # gather/all-to-all as grouped send/recv, said so a torch-vs-nccl comparison names it
+    assert info["gather_alltoall"] == "grouped send/recv"
     marks = make_marks("cuda", 3, fake.stream)
     assert isinstance(marks, CudaMarks)
     for _ in range(3):

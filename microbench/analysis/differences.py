@@ -40,6 +40,8 @@ def facts(run: RunFolder) -> dict[str, str]:
         "ranks": m.get("world_size"),
         # sweep/replay --allreduce-algo (microbench/algorithms); absent: the library's own
         "all-reduce algorithm": v.get("allreduce_algo") or "library",
+        # torch's ProcessGroupNCCL or the nccl backend's grouped send/recv (GPU review R13)
+        "gather/all-to-all": v.get("gather_alltoall"),
     }
     out.update({k: env[k] for k in sorted(env) if k.startswith(STEERING_PREFIXES)})
     return {k: UNSET if val is None else str(val) for k, val in out.items()}

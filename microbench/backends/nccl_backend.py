@@ -223,7 +223,11 @@ class NcclBackend:
                 "cuda": _cuda_version(runtime.runtimeGetVersion()),
                 "cuda_driver": _cuda_version(runtime.driverGetVersion()),
                 "gpu": name.decode() if isinstance(name, bytes) else str(name),
-                "unique_id_exchange": self._exchange.name}
+                "unique_id_exchange": self._exchange.name,
+                # R13 of the GPU review: NCCL >= 2.28 has native gather and all-to-all that
+                # torch may call; this path groups sends and receives (CuPy has no native
+                # ones), so a torch-vs-nccl comparison says which it ran.
+                "gather_alltoall": "grouped send/recv"}
 
     def async_error(self) -> str | None:
         """NCCL's asynchronous error of any communicator (a network error, a peer that

@@ -123,6 +123,9 @@ class TorchBackend:
         if self.device == "cuda":
             info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
             info["gpu"] = torch.cuda.get_device_name()
+            # torch's ProcessGroupNCCL chooses (native ncclGather/ncclAlltoAll where its
+            # build and NCCL have them); the nccl backend records "grouped send/recv".
+            info["gather_alltoall"] = "ProcessGroupNCCL"
         return info
 
     def close(self) -> None:
