@@ -97,6 +97,9 @@ def test_validate_real_vllm_trace_with_padded_moe():
     current = subprocess.run(VALIDATE, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert current.returncode == 1
     assert "op 2 of the step" in current.stdout and "[layers.0.mlp.experts]" in current.stdout
+    # ... and says which option explains it
+    assert "try --moe-backend" in current.stdout and "flashinfer-trtllm-padded" in current.stdout
+    assert "try --moe-backend" not in padded.stdout
 
 
 def test_moe_backend_on_a_model_without_mxfp4_refused_in_one_line():

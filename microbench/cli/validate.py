@@ -5,6 +5,7 @@ import json
 
 from microbench.cli.pattern_args import add_pattern_arguments, pattern_from_args
 from microbench.views.textfmt import render_table
+from patterns import Pattern
 from patterns.traces import read_traces
 from patterns.traces.validate import validate
 
@@ -37,13 +38,27 @@ def run(args: argparse.Namespace) -> int:
     print()
     print("match: the trace issued exactly the pattern's calls" if result.match else
           f"first difference: {result.first_difference}")
-    for note in result.notes:
+    notes = [*result.notes, *_hints(pattern, result.first_difference)]
+    for note in notes:
         print(f"note: {note}")
     statuses = [r.status for r in result.rows]
     summary = {"match": result.match, "first_difference": result.first_difference,
                "engine": pattern.engine, "ranks": len(trace.ranks), "calls": trace.calls,
                "unparsed": trace.unparsed,
                **{s: statuses.count(s) for s in ("equal", "missing", "extra", "different")},
-               "notes": result.notes}
+               "notes": notes}
     print(json.dumps(summary, separators=(",", ":")))
     return 0 if result.match else 1
+
+
+def _hints(pattern: Pattern, first_difference: str | None) -> list[str]:
+    """What usually explains a first difference the options can fix."""
+    if first_difference is None:
+        return []
+    hints = []
+    if (pattern.model.weight_format == "mxfp4" and "experts" in first_difference
+            and pattern.options.moe_backend is None):
+        hints.append("the width of an mxfp4 MoE all-reduce depends on vLLM's MoE kernel and "
+                     "version: try --moe-backend (on B200 a vLLM before May 2026 pads it: "
+                     "flashinfer-trtllm-padded; docs/real-engine.md)")
+    return hints
