@@ -51,6 +51,24 @@ def test_report_is_one_self_contained_page(cli, tmp_path):
     assert ("gloo, torch 2.13.0+cpu: the sweep ran with backend mpi and the replay with torch"
             in page)
     assert "MPICH Version" not in page
+    # The page of several runs says in its title what they share (replays and sweeps share
+    # only their host here), then every run by name, with its kind where kinds mix.
+    title = re.search(r"<title>(.*?)</title>", page).group(1)
+    assert title == ("hosts vm | 4 runs: replay gloo, torch 2.13.0+cpu vs replay mpi-host, "
+                     "MPICH 5.0.2 vs sweep gloo, torch 2.13.0+cpu vs sweep mpi-host, MPICH "
+                     "5.0.2"), title
+
+
+def test_a_comparison_page_is_titled_by_what_its_runs_share(cli, tmp_path):
+    out = tmp_path / "report.html"
+    status, _, err = cli("report", *RUNS[:2], "-o", str(out))
+    assert status == 0, err
+    title = re.search(r"<title>(.*?)</title>", out.read_text()).group(1)
+    # the two sample replays: llama-3.2-1b TP2 under vllm-v0, prompt 32, decode 16, 5
+    # iterations each (their meta.json); torch/gloo and MPICH differ, so they are the names
+    assert title == ("llama-3.2-1b (vllm-v0) | TP2 PP1 | prompt 32, decode 16, batch 1, bf16 "
+                     "| 5 iterations | hosts vm | 2 runs: gloo, torch 2.13.0+cpu vs mpi-host, "
+                     "MPICH 5.0.2"), title
 
 
 def test_plot_writes_the_same_figures(cli, tmp_path):

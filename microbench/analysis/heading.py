@@ -100,3 +100,15 @@ METRIC_WORDS = {"prefill_us": "prefill", "decode_step_us": "decode step", "e2e_u
 def metric_words(metric: str) -> str:
     """prefill_us -> prefill, allreduce_us -> allreduce: names for figures, not column keys."""
     return METRIC_WORDS.get(metric, metric.removesuffix("_us"))
+
+
+def runs_heading(runs: list[RunFolder], labels: list[str]) -> str:
+    """The heading of a page of several runs: what they share (model, layout, workload,
+    ranks, hosts: the parts of run_heading equal in every run), then the runs by name."""
+    shared = run_heading(runs[0]).split(" | ")
+    for run in runs[1:]:
+        theirs = set(run_heading(run).split(" | "))
+        shared = [part for part in shared if part in theirs]
+    if len({run.kind for run in runs}) > 1:  # replays beside sweeps: say which is which
+        labels = [f"{run.kind} {label}" for run, label in zip(runs, labels, strict=True)]
+    return " | ".join([*shared, f"{len(runs)} runs: " + " vs ".join(labels)])

@@ -16,7 +16,7 @@ import numpy as np
 
 from microbench.analysis import figures
 from microbench.analysis.compare import compare_runs, mismatch, verdict_label
-from microbench.analysis.heading import metric_words, run_heading, run_labels
+from microbench.analysis.heading import metric_words, run_heading, run_labels, runs_heading
 from microbench.analysis.sameness import same_run
 from microbench.argtypes import UsageError
 from microbench.results.runs import RunFolder, replay_samples, run_pattern, sweep_table
@@ -337,7 +337,9 @@ def _ratio(row: dict[str, Any]) -> str:
 def render_html(entries: list[Entry], tables: dict[str, Any]) -> str:
     runs: list[tuple[str, RunFolder]] = tables["runs"]
     # one run: the page says what ran (model, layout, workload, versions, hosts) in its title
-    head = html.escape(run_heading(runs[0][1])) if len(runs) == 1 else "infercomm report"
+    # several: what they share, then the runs by name
+    head = html.escape(run_heading(runs[0][1]) if len(runs) == 1 else
+                       runs_heading([run for _, run in runs], [label for label, _ in runs]))
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{head}"
              f"</title><style>{CSS}</style></head><body><h1>{head}</h1>",
              "<h2>Runs</h2>",
