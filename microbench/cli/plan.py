@@ -208,4 +208,12 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.write(f"infercomm plan: note: {n}\n")
     else:
         print(table(doc, priced) + disagg_text)
+        # the last line for tools, short: the whole document is --format json
+        best = next((p for p in priced if p.best), None)
+        print(json.dumps({"model": args.model, "gpus": args.gpus, "layouts": len(priced),
+                          "refused": len(refused),
+                          "best": None if best is None else
+                          {"tp": best.shape.tp, "pp": best.shape.pp, "dp": best.shape.dp,
+                           "ep": best.shape.ep, "e2e_us": round(best.e2e_us, 3)}},
+                         separators=(",", ":")))
     return 0

@@ -56,4 +56,10 @@ def run(args: argparse.Namespace) -> int:
                                                   in sorted(trace.ep_kernels.items())))
     lines += trace.notes
     print("\n".join(lines))
+    # the last line for tools, short: the whole document is --format json
+    total = sum(int(r["bytes"]) for r in doc["rows"])  # type: ignore[union-attr]
+    print(json.dumps({"ranks": doc["ranks"], "calls": doc["calls"],
+                      "unparsed": doc["unparsed"], "bytes": total,
+                      "ep_kernels": sum(trace.ep_kernels.values()),
+                      "notes": len(trace.notes)}, separators=(",", ":")))
     return 0
