@@ -17,7 +17,9 @@ BASE = ["pattern", "--model", "llama-3.1-8b", "--prompt", "128", "--decode", "12
 def test_engines_lists_every_profile_with_its_source(cli):
     status, out, _ = cli("engines")
     assert status == 0
-    rows = {r["name"]: r for r in last_json(out)["engines"]}
+    assert sorted(last_json(out)["engines"]) == sorted(ENGINES)  # the short last line
+    status, json_out, _ = cli("engines", "--format", "json")
+    rows = {r["name"]: r for r in last_json(json_out)["engines"]}
     assert set(rows) == set(ENGINES) == {"vllm", "vllm-v0", "sglang", "trtllm", "megatron"}
     assert "c8109375" in rows["vllm"]["source"] and "8905cbd4" in rows["sglang"]["source"]
     assert "--model-runner" in rows["vllm"]["options"] and rows["megatron"]["options"] == ["--sp"]

@@ -18,7 +18,11 @@ BASE_V0 = [*BASE, "--engine", "vllm-v0"]
 def test_models_lists_every_preset_with_source(cli):
     status, out, _ = cli("models")
     assert status == 0
+    names = last_json(out)["models"]  # the table's short last line: the names
+    status, out, _ = cli("models", "--format", "json")
+    assert status == 0 and len(out.strip().splitlines()) == 1
     models = {m["name"]: m for m in last_json(out)["models"]}
+    assert names == list(models)
     assert set(models) == {"llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b", "llama-2-7b",
                            "llama-2-13b", "llama-3.1-70b", "llama-3.1-405b", "mixtral-8x7b",
                            "qwen2.5-7b", "qwen3-8b", "qwen3-30b-a3b", "deepseek-v3",

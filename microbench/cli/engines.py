@@ -40,5 +40,8 @@ def run(args: argparse.Namespace) -> int:
     rows = engine_rows()
     if args.format == "table":
         print(engines_table(rows))
+        # a short last line; the rows are --format json
+        print(json.dumps({"engines": [r["name"] for r in rows]}, separators=(",", ":")))
+        return 0
     print(json.dumps({"engines": rows}, separators=(",", ":")))
     return 0

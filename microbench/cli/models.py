@@ -35,5 +35,8 @@ def run(args: argparse.Namespace) -> int:
         print(render_table(header, [[str(r[k]) for k in keys] for r in rows],
                            right_align={"h", "L", "V", "V_pad", "heads", "kv", "inter",
                                         "experts"}))
+        # a short last line; the rows are --format json
+        print(json.dumps({"models": [r["name"] for r in rows]}, separators=(",", ":")))
+        return 0
     print(json.dumps({"models": rows}, separators=(",", ":")))
     return 0
