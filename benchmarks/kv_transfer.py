@@ -53,6 +53,9 @@ class Replay:
         from microbench.kvtransfer.replay import timed_transfers
         return timed_transfers(self.transport, self.backend, 0, 1, self.watchdog)[0]
 
+    def close(self) -> None:
+        self.transport.close()
+
 
 def descriptors(d):
     import numpy as np
@@ -90,6 +93,11 @@ class BareRma:
             self.win.Unlock_all()
         return (time.perf_counter() - start) * 1e6
 
+    def close(self) -> None:
+        self.local.Free()
+        self.remote.Free()
+        self.win.Free()
+
 
 class BareNixl:
     def __init__(self, d, comm):
@@ -104,7 +112,7 @@ class BareNixl:
         self.buf = np.zeros(nbytes, dtype=np.uint8)
         fill(self.buf, self.rank)
         base = self.buf.ctypes.data
-        self.agent.register_memory([(base, nbytes, 0, "")], "DRAM")
+        self.registered = self.agent.register_memory([(base, nbytes, 0, "")], "DRAM")
         peers = comm.allgather((self.agent.get_agent_metadata(), base))
         if self.rank == 1:
             name = self.agent.add_remote_agent(peers[0][0])
@@ -132,6 +140,14 @@ class BareNixl:
             while not got:
                 got = sum(len(v) for v in agent.get_new_notifs().values())
         return (time.perf_counter() - start) * 1e6
+
+    def close(self) -> None:
+        """Handles and registrations given back, as the replay's transport does (UCX warns
+        at exit about every one left)."""
+        if self.rank == 1:
+            self.agent.release_dlist_handle(self.lh)
+            self.agent.release_dlist_handle(self.rh)
+        self.agent.deregister_memory(self.registered)
 
 
 def main() -> None:
@@ -164,6 +180,9 @@ def main() -> None:
                 slowest = MPI.COMM_WORLD.allreduce(took, op=MPI.MAX)
                 if i >= WARMUP:
                     times[way].append(slowest)
+        MPI.COMM_WORLD.Barrier()  # both ranks done with both ways before either closes
+        bare.close()
+        replay.close()
         med = {way: float(np.median(v)) for way, v in times.items()}
         results[name] = {"replay_us": round(med["replay"], 1), "bare_us": round(med["bare"], 1),
                          "ratio": round(med["replay"] / med["bare"], 3)}

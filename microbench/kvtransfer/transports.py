@@ -214,13 +214,22 @@ class TorchP2P:
 
 def import_nixl() -> Any:
     """NIXL's Python API: the `nixl` meta package's module, or nixl-cu12's/cu13's."""
+    import logging
     import os
-    os.environ.setdefault("NIXL_LOG_LEVEL", "WARNING")  # its INFO lines would fill stderr
+    import sys
+    # WARN is a level both NIXL's C++ log and its Python logger take ("WARNING" is refused by
+    # the C++ one); its INFO lines would fill the output.
+    os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
     for module in ("nixl._api", "nixl_cu12._api", "nixl_cu13._api"):
         try:
-            return __import__(module, fromlist=["nixl_agent"])
+            api = __import__(module, fromlist=["nixl_agent"])
         except ImportError:
             continue
+        # NIXL's Python logger writes to stdout (its logging.py); stdout's last line is ours
+        for handler in logging.getLogger("nixl").handlers:
+            if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stdout:
+                handler.setStream(sys.stderr)
+        return api
     raise UsageError("--kv-transport nixl needs NIXL's Python package: pip install "
                      "'infercomm[nixl]' (nixl-cu12), or use --backend mpi --kv-transport rma")
 
