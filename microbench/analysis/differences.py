@@ -7,6 +7,7 @@ that steer the libraries. Each is read from every run's meta.json; a side whose 
 shows every value it had.
 """
 
+import re
 from typing import Any
 
 from microbench.results.runs import RunFolder
@@ -26,13 +27,22 @@ def nodes(run: RunFolder) -> int:
     return len(set(run.meta.get("hosts") or [])) or 1
 
 
+def _library_words(banner: Any) -> str | None:
+    """MPI's version banner in words: "MPICH Version:      5.0.2" -> "MPICH 5.0.2" (Open MPI's
+    "Open MPI v5.0.11, package: ..." is kept whole: its build details can be what differs)."""
+    if not banner:
+        return None
+    return " ".join(re.sub(r"\bVersion:", " ", str(banner)).split())
+
+
 def facts(run: RunFolder) -> dict[str, str]:
     """The facts of one run that a comparison names when they differ."""
     m = run.meta
     v = m.get("versions") or {}
     env = m.get("environment") or {}
     out = {
-        "MPI library": v.get("mpi_library"), "NCCL": v.get("nccl"), "torch": v.get("torch"),
+        "MPI library": _library_words(v.get("mpi_library")), "NCCL": v.get("nccl"),
+        "torch": v.get("torch"),
         "CuPy": v.get("cupy"), "backend": m.get("backend"), "transport": m.get("transport"),
         "launcher": m.get("launcher"), "MPI netmod": v.get("mpi_netmod"),
         "MPI shared memory": v.get("mpi_shm"), "MPI ranks on node 0": v.get("mpi_node_ranks"),
