@@ -212,6 +212,21 @@ def test_hierarchical_on_uneven_nodes_is_refused_before_any_rank(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         "infercomm sweep: error: --allreduce-algo hierarchical needs the same number of ranks "
         "on every node; 4 ranks at --ranks-per-node 3 leave 1 on the last; use a divisor of 4"]
+    # replay without --nproc: the pattern's world (TP4) is the one split
+    proc, _ = infercomm("replay", "--backend", "mpi", "--model", "llama-3.2-1b", "--tp", "4",
+                        "--prompt", "8", "--decode", "2", "--allreduce-algo", "hierarchical",
+                        "--ranks-per-node", "3", "--out", str(tmp_path))
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "4 ranks at --ranks-per-node 3 leave 1 on the last" in proc.stderr
+
+
+def test_hierarchical_within_one_node_is_not_refused():
+    import argparse
+
+    from microbench.algorithms.args import check_algo_options
+    # 2 ranks at 3 a node: one node holding both, nothing uneven
+    check_algo_options(argparse.Namespace(allreduce_algo="hierarchical", ranks_per_node=3,
+                                          nproc=None), world=2)
 
 
 @pytest.mark.mpi

@@ -28,15 +28,17 @@ def wrap(backend: Any, args: argparse.Namespace) -> Any:
                           getattr(args, "ranks_per_node", None))
 
 
-def check_algo_options(args: argparse.Namespace) -> None:
-    """Refusals before any rank starts: hierarchical over a world that nodes of
-    --ranks-per-node cannot split evenly (the ranks would each refuse it later)."""
+def check_algo_options(args: argparse.Namespace, world: int | None = None) -> None:
+    """Refusals before any rank starts: hierarchical over a world (`--nproc`, else the
+    pattern's or the launcher's) that nodes of --ranks-per-node cannot split evenly (the
+    ranks would each refuse it later)."""
     from microbench.argtypes import UsageError
 
-    rpn, world = getattr(args, "ranks_per_node", None), getattr(args, "nproc", None)
+    rpn = getattr(args, "ranks_per_node", None)
+    world = getattr(args, "nproc", None) or world
     if getattr(args, "allreduce_algo", "library") != "hierarchical" or not rpn or not world:
         return
-    if world % rpn:
+    if world > rpn and world % rpn:  # at most one node's worth: one node, nothing uneven
         raise UsageError(f"--allreduce-algo hierarchical needs the same number of ranks on "
                          f"every node; {world} ranks at --ranks-per-node {rpn} leave "
                          f"{world % rpn} on the last; use a divisor of {world}")

@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     pattern = pattern_or_trace(args)  # bad input ends here, before any process or file
     from microbench.replay.graphs import eager_pattern_mode
     args.graph = eager_pattern_mode(pattern, args.graph)  # --eager: no graphs
-    check_backend_options(args)
+    check_backend_options(args, pattern.layout.world_size)
     if args.timing == "op":
         rows, size = check_ops_size(pattern, args)
         here = dist.detect()

@@ -138,10 +138,10 @@ def check_out_for_rank(out: str, rank: int) -> None:
                          "writable folder")
 
 
-def check_backend_options(args: argparse.Namespace) -> None:
+def check_backend_options(args: argparse.Namespace, world: int | None = None) -> None:
     """Refusals that need no rank (one line, exit 2, before any process starts)."""
     from microbench.algorithms.args import check_algo_options
-    check_algo_options(args)  # --allreduce-algo hierarchical against --ranks-per-node
+    check_algo_options(args, world)  # --allreduce-algo hierarchical against --ranks-per-node
     if args.backend == "nccl":
         from microbench.backends.nccl_backend import require_cupy
         require_cupy()

@@ -207,6 +207,8 @@ def run(args: argparse.Namespace) -> int:
         default = max([2] + [c.group_size for c in pattern_cases(pattern)]
                       if pattern is not None else [2])
         nproc = args.nproc or default
+        from microbench.algorithms.args import check_algo_options
+        check_algo_options(args, nproc)  # hierarchical: nodes of --ranks-per-node
         _check_memory(args, cases_for(args, pattern, nproc)[0], nproc)
         check_out_dir(args.out)
         return launch.spawn_local(nproc, args.backend, strip_nproc(args.argv))
