@@ -91,6 +91,12 @@ PARAM_COMMS_OPS = {"allreduce": "allreduce", "allreduce_coalesced": "allreduce",
                    "reduce": "reduce", "scatter": "scatter"}
 
 
+# record_param_comms records that are not calls: the work's wait (torch's ProcessGroupNCCL.cpp,
+# WorkNCCL::wait: RECORD_PARAM_COMMS(..., "wait", 0, 0, at::kByte, ...), one a waited call);
+# neither counted nor "not understood".
+PARAM_COMMS_NOT_CALLS = frozenset({"wait"})
+
+
 # vLLM's custom ops -> (project op, index of world_size in Concrete Inputs or None).
 VLLM_OPS: dict[str, tuple[str, int | None]] = {
     "vllm::all_reduce": ("allreduce", None), "vllm::all_gather": ("allgather", 2),
@@ -294,7 +300,7 @@ class _Raw:
             return timed
         if best[2] == "param":
             for _, c, collective in param:
-                if c is None:
+                if c is None and collective not in PARAM_COMMS_NOT_CALLS:
                     trace.unparsed += 1
                     trace.unknown[f"record_param_comms {collective}"] += 1
             return timed + from_param
