@@ -177,8 +177,10 @@ def read_kineto(path: Path, trace: Trace, default_rank: int) -> RankCalls:
     try:
         sizes = _pg_sizes(info, rank)
         only_size = next(iter(sizes)) if len(sizes) == 1 else None
-        host = header["host_name"] if isinstance(header["host_name"], str) else "?"
-        calls = RankCalls(rank=rank, name=f"{host}:rank{rank} ({path.name})")
+        host = header["host_name"] if isinstance(header["host_name"], str) else None
+        # the host where the trace names one (most Kineto files do not)
+        calls = RankCalls(rank=rank, name=f"{host}:rank{rank} ({path.name})" if host
+                          else f"rank{rank} ({path.name})")
         timed = raw.calls(only_size, trace)
     except (TypeError, KeyError, AttributeError, IndexError, ValueError) as err:
         raise ConfigError(f"{path}: a Kineto field of an unexpected type ({err!r}); pass "
