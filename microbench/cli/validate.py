@@ -56,8 +56,8 @@ def _hints(pattern: Pattern, first_difference: str | None) -> list[str]:
     if first_difference is None:
         return []
     hints = []
-    if (pattern.model.weight_format == "mxfp4" and "experts" in first_difference
-            and pattern.options.moe_backend is None):
+    if (pattern.engine == "vllm" and pattern.model.weight_format == "mxfp4"
+            and "experts" in first_difference and pattern.options.moe_backend is None):
         hints.append("the width of an mxfp4 MoE all-reduce depends on vLLM's MoE kernel and "
                      "version: try --moe-backend (on B200 a vLLM before May 2026 pads it: "
                      "flashinfer-trtllm-padded; docs/real-engine.md)")
