@@ -73,6 +73,22 @@ def test_a_protocol_switch_is_found():
     assert fit.time_us(8 << 20) == pytest.approx(4294.304)
 
 
+def test_a_regime_of_the_last_two_sizes_gets_its_piece():
+    # MPICH's all-reduce over 2 ranks in a sweep of 4 KiB .. 1 MiB (x2), as measured here:
+    # 0.2 ns/B below 512 KiB (the 256 KiB point: 1 + 0.0002 x 262144 = 53.4 us), then
+    # 305 us at 512 KiB and 598 us at 1 MiB. One line over both regimes put 512 KiB near
+    # 127 us (a 512 KiB replay then read 2.4x its prediction); the upper piece is the line
+    # through its two points: beta (598 - 305) / 524288, alpha 305 - 524288 beta = 12 us.
+    sizes = [4096 << i for i in range(9)]
+    times = [1 + 0.0002 * s for s in sizes[:7]] + [305.0, 598.0]
+    fit = fit_points("allreduce", 2, sizes, times)
+    assert [p.from_bytes for p in fit.pieces] == [4096, 524288]
+    assert fit.pieces[1].beta_us_per_byte == pytest.approx(293 / 524288)
+    assert fit.pieces[1].alpha_us == pytest.approx(12.0)
+    assert fit.time_us(524288) == pytest.approx(305.0)
+    assert fit.time_us(262144) == pytest.approx(53.4288)
+
+
 def test_predicted_tp2_pattern_by_hand(cli, tmp_path):
     sweep = fake_sweep(tmp_path / "sweep", {"allreduce": (10.0, 0.01), "gather": (20.0, 0.001),
                                             "sendrecv": (4.0, 0.002)})

@@ -9,7 +9,10 @@ small ones by orders of magnitude). alpha and beta are kept >= 0.
 
 Piecewise where the data says so: libraries switch protocol (eager to rendezvous, ring to
 tree) at some size, which bends the curve. Every split point leaving at least MIN_POINTS
-sizes on each side is tried; the one with the least total squared relative error is kept
+sizes on each side is tried (two: a regime that starts at the sweep's last two sizes, as
+MPICH's all-reduce did here from 512 KiB in a sweep to 1 MiB, 56 us at 256 KiB and 305 us at
+512 KiB, still gets its piece; one line over both regimes predicted a 512 KiB replay 2.4x
+low); the one with the least total squared relative error is kept
 only if it at most halves the single line's error (SPLIT_GAIN) and the single line is off
 by more than MIN_RMS (2%) on average: noise alone rarely halves the error, and a line that
 already fits needs no split. A size at or above the first size of the upper piece uses it.
@@ -23,7 +26,8 @@ import numpy as np
 from microbench.argtypes import UsageError
 from microbench.sweep.busbw import SweepOp, busbw_factor
 
-MIN_POINTS = 3
+MIN_POINTS = 2
+MIN_KEPT = 4  # outliers are left out only while more than this many sizes stay
 SPLIT_GAIN = 0.5
 MIN_RMS = 0.02
 # A point more than 5x outside what both neighbours allow is an outlier; 10x at either end,
@@ -102,7 +106,7 @@ def drop_outliers(x: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray,
     of cache, another protocol, a token bucket running dry) agrees with the sizes on its own
     side, and stays."""
     dropped: list[int] = []
-    while x.size > MIN_POINTS + 1 and np.unique(x).size == x.size:
+    while x.size > MIN_KEPT and np.unique(x).size == x.size:
         scores = []
         for i in range(x.size):
             sides = [j for j in (i - 1, i + 1) if 0 <= j < x.size]
