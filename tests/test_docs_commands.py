@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import re
 import shlex
 from pathlib import Path
@@ -156,6 +157,21 @@ def test_the_readme_replay_runs(tmp_path: Path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     last = json.loads(proc.stdout.strip().splitlines()[-1])
     assert last["wrong"] == 0 and last["world_size"] == 2, last
+
+
+def test_the_readme_compare_says_what_the_readme_says(cli, monkeypatch):
+    # "the decode step comes out `same` and prefill `inconclusive: 6 runs a side` (exit 3)":
+    # the README's compare of four committed replays, as shown (the bootstrap is seeded)
+    monkeypatch.chdir(ROOT)
+    shown = [a for w, a in ALL if w.startswith("README.md") and a[:1] == ["compare"]]
+    assert len(shown) == 1
+    status, out, _ = cli(*shown[0])
+    labels = {m["metric"]: m["label"] for m in json.loads(out.strip().splitlines()[-1])["metrics"]}
+    assert status == 3
+    assert labels["decode_step_us"] == "same"
+    assert labels["prefill_us"] == "inconclusive: 6 runs a side"
+    readme = (ROOT / "README.md").read_text()
+    assert "`same` and prefill `inconclusive: 6 runs a side` (exit 3)" in readme
 
 
 def test_a_stale_flag_fails(tmp_path: Path):
