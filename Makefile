@@ -8,12 +8,16 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-# torch is installed from pip's configured index. Where that index serves a CUDA build (PyPI
-# on Linux x86_64), give TORCH_INDEX=https://download.pytorch.org/whl/cpu for a CPU one; on a GPU
-# node give TORCH_PIN=torch (and the CUDA index of your driver). See docs/install.md.
+# torch: on a machine without an NVIDIA driver (no nvidia-smi), a CPU build. PyTorch's CPU
+# index is added beside pip's own: its wheel (2.13.0+cpu) sorts above PyPI's CUDA build of
+# 2.13.0, so pip takes it; where that index cannot be reached, pip's own index or wheelhouse
+# serves. Where nvidia-smi is found, pip's own index alone (a CUDA build on PyPI).
+# TORCH_INDEX=URL adds another index (a CUDA one), TORCH_INDEX=none uses pip's configuration
+# alone, TORCH_PIN=torch takes any version. See docs/install.md.
 TORCH_PIN ?= torch==2.13.0
-TORCH_INDEX ?=
-TORCH_INDEX_ARG := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?= $(if $(shell command -v nvidia-smi 2>/dev/null),none,$(TORCH_CPU_INDEX))
+TORCH_INDEX_ARG := $(if $(filter-out none,$(TORCH_INDEX)),--extra-index-url $(TORCH_INDEX) --retries 1)
 
 .PHONY: setup demo test test-quick test-slurm test-gpu lint bench clean
 
