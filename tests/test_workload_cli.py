@@ -157,3 +157,21 @@ def test_predict_against_a_workload_replay_shows_both(tmp_path):
     assert line["workload"]["ttft_comm_us"]["p50"] == pytest.approx(147.632, abs=1e-3)
     assert line["measured_workload"] == {k: measured[k] for k in ("ttft_comm_us",
                                                                   "tpot_comm_us")}
+
+
+def test_sweep_from_a_workloads_pattern(tmp_path):
+    # The workload's steps above: 32, 18, 2, 22 and 2 tokens, none padded (decodes of 2 are a
+    # capture size; the rest exceed the largest, min(2 x 4, 512, 32) = 8), 9 all-reduces of
+    # [T, 64] bf16 a step: 4,096, 2,304, 256 (twice) and 2,816 bytes; one logits all-gather a
+    # step of [R, 1024 / 2] (R = requests whose token is sampled).
+    f = tmp_path / "w.jsonl"
+    f.write_text(WORKLOAD)
+    proc, _ = infercomm("sweep", "--from-pattern", "--model", tiny_model(tmp_path), "--tp", "2",
+                        "--requests", str(f), "--step-time-ms", "10",
+                        "--max-batched-tokens", "32", "--max-num-seqs", "4", "--backend",
+                        "torch", "-n", "1", "-w", "0", "--out", str(tmp_path / "s"))
+    assert proc.returncode == 0, proc.stderr
+    rows = read_csv(f"{last_json(proc.stdout)['results_dir']}/sweep.csv")
+    allreduces = {int(r["size_bytes"]): int(r["calls_per_inference"]) for r in rows
+                  if r["op"] == "allreduce"}
+    assert allreduces == {256: 18, 2304: 9, 2816: 9, 4096: 9}

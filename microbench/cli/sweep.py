@@ -111,7 +111,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def _pattern(args: argparse.Namespace) -> Pattern | None:
     given_range = any(v is not None for v in (args.minbytes, args.maxbytes, args.stepfactor))
     if args.from_pattern:
-        missing = [f"--{n}" for n in ("model", "prompt", "decode") if getattr(args, n) is None]
+        # a workload (--requests) brings its own prompts and outputs
+        needed = ("model",) if getattr(args, "requests", None) else ("model", "prompt", "decode")
+        missing = [f"--{n}" for n in needed if getattr(args, n) is None]
         if missing:
             raise UsageError(f"--from-pattern needs {', '.join(missing)} (the pattern options)")
         if given_range or args.sizes is not None:
