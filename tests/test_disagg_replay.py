@@ -122,3 +122,38 @@ def test_torch_send_recv_packs_each_pair(tmp_path):
     last = last_json(proc.stdout)
     assert (last["kv_transport"], last["kv_transfer_bytes"], last["wrong"]) == \
         ("torch", 32_768, 0)
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_compare_and_report_of_two_kv_transports(tmp_path):
+    # A disaggregated replay's results are read like a replay's: compare -A/-B of MPI
+    # one-sided against send/recv names the KV transport that differs; report shows both
+    # transfers; runs of different requests are refused in one line.
+    from tests.replay_helpers import infercomm as run
+
+    base = ["--disagg", "prefill=tp1,decode=tp2", "--backend", "mpi"]
+    runs = []
+    for transport in ("rma", "p2p"):
+        proc = replay(tmp_path, *base, "--kv-transport", transport, "-n", "5")
+        assert proc.returncode == 0, proc.stderr
+        runs.append(last_json(proc.stdout)["results_dir"])
+    proc, _ = run("compare", runs[0], runs[1], "--inconclusive-ok")
+    assert proc.returncode in (0, 1), proc.stderr
+    doc = last_json(proc.stdout)
+    assert doc["kind"] == "kvtransfer"
+    assert [m["metric"] for m in doc["metrics"]] == ["kv_transfer_us"]
+    assert {"what": "KV transport", "a": "rma", "b": "p2p"} in doc["differences"]["B"]
+    proc, _ = run("report", *runs, "-o", str(tmp_path / "r.html"))
+    assert proc.returncode == 0, proc.stderr
+    page = (tmp_path / "r.html").read_text()
+    assert "KV transfer of one request" in page and "32.00 KiB" in page  # 32,768 B above
+    assert "<title>" in page and "2 runs: rma, MPICH" in page
+    other = tmp_path / "other"
+    other.mkdir()
+    proc, _ = infercomm("replay", "--model", tiny_model(other), "--prompt", "40", "--decode",
+                        "4", "-n", "5", "-w", "1", "--out", str(other / "runs"), *base,
+                        "--kv-transport", "rma")
+    assert proc.returncode == 0, proc.stderr
+    proc, _ = run("compare", runs[0], last_json(proc.stdout)["results_dir"])
+    assert proc.returncode == 2 and "prompt differs: 20 in A, 40 in B" in proc.stderr

@@ -47,6 +47,8 @@ def run_heading(run: RunFolder) -> str:
 def _library(meta: dict[str, Any]) -> str:
     """The library that moved the bytes, in words: NCCL 2.21.5, MPICH 5.0.2, torch 2.13.0."""
     v = meta.get("versions") or {}
+    if meta.get("kv_transport") == "nixl" and v.get("nixl"):  # "nixl-cu12 1.5.1"
+        return str(v["nixl"])
     for key, name in (("nccl", "NCCL"), ("mpi_library", ""), ("torch", "torch")):
         if v.get(key):
             text = re.sub(r"\s*Version:?\s*", " ", str(v[key]).split(",")[0]).strip()
@@ -76,8 +78,9 @@ def run_labels(runs: list[RunFolder]) -> list[str]:
     names = []
     for run in runs:
         m = run.meta
-        what = ", ".join(x for x in (str(m.get("transport") or m.get("backend") or "?"),
-                                     _library(m)) if x)
+        # a disaggregated replay is named by its KV transport (nixl, rma, p2p, torch)
+        what = ", ".join(x for x in (str(m.get("transport") or m.get("kv_transport")
+                                         or m.get("backend") or "?"), _library(m)) if x)
         user = _user_label(m)
         names.append(f"{user} ({what})" if user else what)
     out = list(names)

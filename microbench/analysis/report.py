@@ -19,8 +19,14 @@ from microbench.analysis.compare import compare_runs, mismatch, verdict_label
 from microbench.analysis.heading import metric_words, run_heading, run_labels, runs_heading
 from microbench.analysis.sameness import same_run
 from microbench.argtypes import UsageError
-from microbench.results.runs import RunFolder, replay_samples, run_pattern, sweep_table
-from microbench.views.textfmt import format_us
+from microbench.results.runs import (
+    RunFolder,
+    kv_samples,
+    replay_samples,
+    run_pattern,
+    sweep_table,
+)
+from microbench.views.textfmt import format_bytes, format_us
 from patterns import ConfigError, Layout, Pattern, generate, pattern_rows, volume_bytes
 
 DECODE_LENGTHS = (1, 4, 16, 64, 256, 1024, 4096)
@@ -42,6 +48,21 @@ def phase_rows(runs: list[tuple[str, RunFolder]]) -> list[dict[str, Any]]:
             row[key] = float(np.median(samples))
             row[f"{key}_p5"], row[f"{key}_p95"] = map(float, np.percentile(samples, [5, 95]))
         rows.append(row)
+    return rows
+
+
+def kv_rows(runs: list[tuple[str, RunFolder]]) -> list[dict[str, Any]]:
+    """One row a disaggregated replay: what moved, median and p5-p95 of its transfer time."""
+    rows = []
+    for label, run in runs:
+        samples = kv_samples(run)["kv_transfer_us"]
+        m = run.meta
+        rows.append({"label": label, "disagg": m.get("disagg"), "connector": m.get("connector"),
+                     "kv_transport": m.get("kv_transport"),
+                     "bytes": m.get("kv_transfer_bytes"),
+                     "median_us": float(np.median(samples)),
+                     "p5_us": float(np.percentile(samples, 5)),
+                     "p95_us": float(np.percentile(samples, 95))})
     return rows
 
 
@@ -106,7 +127,7 @@ def comparison_rows(runs: list[tuple[str, RunFolder]], threshold: float,
                     notes: list[str]) -> list[dict[str, Any]]:
     """Each same-kind run against the first of its kind; runs that differ are left out."""
     rows = []
-    for kind in ("replay", "sweep"):
+    for kind in ("replay", "sweep", "kvtransfer"):
         mine = [(label, run) for label, run in runs if run.kind == kind]
         if len(mine) < 2:
             continue
@@ -267,6 +288,9 @@ def build(paths: list[RunFolder], sweep: RunFolder | None, threshold: float,
                              "Median time per call (slowest rank), band p5-p95."))
         entries.append(Entry("sweep_busbw", "Bus bandwidth vs size", figures.sweep_busbw(rows),
                              "nccl-tests' bus bandwidth: algbw x the collective's factor."))
+    transfers = [(label, r) for label, r in runs if r.kind == "kvtransfer"]
+    if transfers:  # disaggregated replays: one request's KV transfer
+        tables["kv_transfers"] = kv_rows(transfers)
     comparisons = comparison_rows(runs, threshold, notes)
     if comparisons:
         tables["comparisons"] = comparisons
@@ -353,6 +377,14 @@ def render_html(entries: list[Entry], tables: dict[str, Any]) -> str:
                             [[r["label"], _us(r.get("prefill_us")),
                               _us(r.get("decode_step_us")), _us(r.get("e2e_us"))]
                              for r in tables["phases"]]))
+    if "kv_transfers" in tables:
+        parts.append("<h2>KV transfer of one request</h2>")
+        parts.append(_table(["run", "layouts", "connector", "transport", "bytes", "median",
+                             "p5", "p95"],
+                            [[r["label"], str(r["disagg"]), str(r["connector"]),
+                              str(r["kv_transport"]), format_bytes(float(r["bytes"] or 0)),
+                              _us(r["median_us"]), _us(r["p5_us"]), _us(r["p95_us"])]
+                             for r in tables["kv_transfers"]]))
     if "comparisons" in tables:
         parts.append("<h2>Run vs baseline</h2>")
         parts.append(_table(["metric", "baseline", "run", "ratio", "95% CI", "verdict"],

@@ -11,7 +11,13 @@ from typing import Any
 
 import numpy as np
 
-from microbench.results.runs import RunFolder, replay_samples, sweep_key_name, sweep_samples
+from microbench.results.runs import (
+    RunFolder,
+    kv_samples,
+    replay_samples,
+    sweep_key_name,
+    sweep_samples,
+)
 from patterns import EngineOptions
 
 # The files whose bytes make a run: two folders equal in all of them are one run (a copy).
@@ -52,6 +58,11 @@ def mismatch(a: RunFolder, b: RunFolder) -> str | None:
             if found:
                 return found
         return None
+    if a.kind == "kvtransfer":  # one request's KV cache between the same two layouts
+        for field in KV_IDENTITY:
+            if a.meta.get(field) != b.meta.get(field):
+                return f"{field} differs: {a.meta.get(field)} in A, {b.meta.get(field)} in B"
+        return None
     keys_a, keys_b = set(sweep_samples(a)), set(sweep_samples(b))
     for index, field in enumerate(("op", "size_bytes", "dtype", "group_size")):
         va, vb = sorted({k[index] for k in keys_a}), sorted({k[index] for k in keys_b})
@@ -79,7 +90,15 @@ def _few(values: list[Any]) -> str:
     return text + (f",... ({len(values)} values)" if len(values) > 6 else "")
 
 
+# What two disaggregated replays must share to be compared (the transport, NIXL or MPI,
+# may differ: that is what a comparison of them is for).
+KV_IDENTITY = ("model", "engine", "connector", "disagg", "prompt", "direction",
+               "kv_cache_dtype", "kv_transfer_bytes")
+
+
 def run_metrics(run: RunFolder) -> dict[str, np.ndarray]:
     if run.kind == "replay":
         return replay_samples(run)
+    if run.kind == "kvtransfer":
+        return kv_samples(run)
     return {sweep_key_name(k): v for k, v in sweep_samples(run).items()}

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from microbench.results.tables import Results
 
-KINDS = ("replay", "sweep")
+KINDS = ("replay", "sweep", "kvtransfer")
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,8 @@ class RunFolder:
     def describe(self) -> str:
         m = self.meta
         hosts = len(set(m.get("hosts") or [])) or 1
-        return (f"{m.get('backend')} ({m.get('transport')}) on {m.get('device')}, "
+        transport = m.get("transport") or m.get("kv_transport")  # kvtransfer runs: NIXL, rma
+        return (f"{m.get('backend')} ({transport}) on {m.get('device')}, "
                 f"{m.get('world_size')} ranks on {hosts} host(s)")
 
     def library(self) -> str:
@@ -94,6 +95,13 @@ def replay_samples(run: RunFolder) -> dict[str, np.ndarray]:
                              f"{len(rows)} timed inferences; the files are not of one run")
         out.update(op_kind_samples(ops, len(rows)))
     return out
+
+
+def kv_samples(run: RunFolder) -> dict[str, np.ndarray]:
+    """A disaggregated replay's samples: one request's KV transfer per timed iteration (the
+    slowest rank's time)."""
+    rows = _needed(run, "iterations")
+    return {"kv_transfer_us": rows["kv_transfer_us"].to_numpy(dtype=float)}
 
 
 def op_kind_samples(ops: "pd.DataFrame", iterations: int) -> dict[str, np.ndarray]:

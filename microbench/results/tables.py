@@ -18,7 +18,7 @@ import pandas as pd
 
 from microbench.argtypes import UsageError
 
-KINDS = ("replay", "sweep")
+KINDS = ("replay", "sweep", "kvtransfer")
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,12 @@ SCHEMAS = {
          "time_run_us": "float"}),
 }
 
+# A disaggregated replay's iterations.csv (kvtransfer/replay.py): one request's KV transfer,
+# the slowest rank's time, per timed iteration.
+KV_ITERATIONS = Schema({"iteration": "int", "kv_transfer_us": "float"}, {})
+
 # The file each kind cannot do without (its per-iteration samples).
-NEEDED = {"replay": "iterations.csv", "sweep": "samples.csv"}
+NEEDED = {"replay": "iterations.csv", "sweep": "samples.csv", "kvtransfer": "iterations.csv"}
 
 
 def read_meta(folder: Path) -> dict[str, Any]:
@@ -75,7 +79,8 @@ def read_meta(folder: Path) -> dict[str, Any]:
                          "metadata")
     kind = meta.get("kind")
     if kind not in KINDS:
-        raise UsageError(f"{path}: kind {kind!r} is neither replay nor sweep")
+        raise UsageError(f"{path}: kind {kind!r} is not a run infercomm reads (replay, sweep "
+                         "or kvtransfer)")
     _need(path, meta, "argv", list, "the command line, a list")
     _need(path, meta, "backend", str, "a name")
     world = _need(path, meta, "world_size", int, "a positive integer")
@@ -271,7 +276,9 @@ class Results:
     def table(self, filename: str) -> pd.DataFrame | None:
         if not self.has(filename):
             return None
-        frame = read_table(self.path / filename, SCHEMAS[filename])
+        schema = KV_ITERATIONS if (self.kind, filename) == ("kvtransfer",
+                                                            "iterations.csv") else SCHEMAS[filename]
+        frame = read_table(self.path / filename, schema)
         check_rows(self.path / filename, frame, self.raw_meta.get("iterations"))
         return frame
 
