@@ -3,11 +3,11 @@ decode step and end to end each within 15% over MPI (measured/predicted in [0.85
 and 30% over gloo (TOLERANCE: the benchmark's own spread, and a known bias of gloo's sends),
 means of two measurements, each figure a median of its replay.
 
-A 10% claim can only be checked with a ruler that is steadier than 10%, so every figure is
-measured twice: sweep A, the replays, sweep B, the replays again. Where the two replays of a
+A claim of a few percent can only be checked with a ruler steadier than that, so every figure
+is measured twice: sweep A, the replays, sweep B, the replays again. Where the two replays of a
 layout, or the predictions from the two sweeps, differ by more than 5%, the machine did not
 repeat itself closely enough to decide, and the case is skipped with the figures (where they
-agree, the assertion stands at 10%). On the 2-core VM this project is built on they often
+agree, the assertion stands). On the 2-core VM this project is built on they often
 do not: two identical MPI TP2 replays seconds apart measured a prefill of 1.38 and 3.97 ms,
 and one MPI sweep's 512 KiB all-reduce went from 153 to 415 us over its 6 seconds
 (`python benchmarks/predict_accuracy.py` measures this spread alongside the ratios).
