@@ -175,7 +175,6 @@ def run_pattern(run: RunFolder) -> Pattern | None:
                          f"line ({err}); pass the pattern options instead") from None
 
 
-
 def _trace_pattern(run: RunFolder, argv: list[str]) -> Pattern:
     """A `replay --trace` run's pattern, read again from the trace files it replayed.
 
@@ -196,7 +195,11 @@ def _trace_pattern(run: RunFolder, argv: list[str]) -> Pattern:
     from patterns.traces import read_traces
     from patterns.traces.to_pattern import trace_pattern
 
-    pattern = trace_pattern(read_traces(files))
+    try:
+        pattern = trace_pattern(read_traces(files))
+    except ConfigError as err:  # the file changed since, or is no longer a trace
+        raise UsageError(f"{run.path}: its trace no longer reads ({err}); pass the pattern "
+                         "options instead") from None
     recorded = run.meta["pattern"].get("layout", {}).get("world_size")
     if recorded is not None and pattern.layout.world_size != recorded:
         raise UsageError(f"{run.path}: the trace {files[0]} now reads as "
