@@ -157,3 +157,31 @@ def test_compare_and_report_of_two_kv_transports(tmp_path):
     assert proc.returncode == 0, proc.stderr
     proc, _ = run("compare", runs[0], last_json(proc.stdout)["results_dir"])
     assert proc.returncode == 2 and "prompt differs: 20 in A, 40 in B" in proc.stderr
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_with_collectives_times_each_side_beside_the_transfer(tmp_path):
+    # prefill tp2 and decode tp2 in one job of 4 ranks. vLLM at tp 2 on the tiny model
+    # (4 layers): a step is 1 embedding + 4 x 2 layer all-reduces + 1 logits all-gather = 10
+    # calls, on each side (the prefill side's prefill step, the decode side's first decode
+    # step); TTFT's communication is the prefill collectives plus the transfer, iteration by
+    # iteration.
+    proc = replay(tmp_path, "--backend", "mpi", "--disagg", "prefill=tp2,decode=tp2",
+                  "--kv-transport", "rma", "--with-collectives")
+    assert proc.returncode == 0, proc.stderr
+    last = last_json(proc.stdout)
+    assert last["wrong"] == 0 and last["prefill_comm_us"] > 0
+    summary = json.loads((Path(last["results_dir"]) / "summary.json").read_text())
+    assert (summary["prefill_calls"], summary["decode_calls"]) == (10, 10)
+    assert summary["decode_step_us"] > 0
+    rows = (Path(last["results_dir"]) / "iterations.csv").read_text().splitlines()
+    assert rows[0] == "iteration,kv_transfer_us,prefill_comm_us,ttft_comm_us,decode_step_us"
+    for row in rows[1:]:
+        _, kv, prefill, ttft, _ = map(float, row.split(","))
+        assert ttft == pytest.approx(kv + prefill, abs=0.002)
+    assert "communication under TTFT (the two)" in proc.stdout
+    # the results read back like any run's (compare/report/load)
+    from tests.replay_helpers import infercomm as run
+    done, _ = run("report", last["results_dir"], "-o", str(tmp_path / "r.html"))
+    assert done.returncode == 0, done.stderr

@@ -58,7 +58,8 @@ def refuse_disagg_options(args: argparse.Namespace) -> None:
         ("--kv-cache-dtype", getattr(args, "kv_cache_dtype", "auto"), "auto"),
         ("--kv-block-size", getattr(args, "kv_block_size", None), None),
         ("--kv-transport", getattr(args, "kv_transport", None), None),
-        ("--nixl-progress-thread", getattr(args, "nixl_progress_thread", False), False))
+        ("--nixl-progress-thread", getattr(args, "nixl_progress_thread", False), False),
+        ("--with-collectives", getattr(args, "with_collectives", False), False))
         if value != default]
     if given:
         raise UsageError(f"{', '.join(given)} describe(s) the KV transfer of --disagg "
@@ -110,6 +111,11 @@ def add_kv_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nixl-progress-thread", action="store_true",
                         help="with --kv-transport nixl: keep NIXL's progress thread (4 "
                              "threads, as vLLM); default: the ranks progress UCX by polling")
+    parser.add_argument("--with-collectives", action="store_true",
+                        help="with --disagg: each side's collectives too, each timed alone: "
+                             "the prefill side's prefill step, the transfer, the decode side's "
+                             "first decode step; the request's communication under TTFT and "
+                             "the transfer's share of it")
 
 
 def add_kv_sweep_arguments(parser: argparse.ArgumentParser) -> None:

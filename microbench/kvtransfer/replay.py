@@ -123,7 +123,17 @@ def run_rank_transfer(d: DisaggPattern, env: Any, args: argparse.Namespace) -> i
         # Prefill job ranks are the prefill TP ranks (replica 0): the rank is the TP rank.
         buffer[:] = prefill_bytes(role.rank, role.nbytes) if role.side == "prefill" else 0
         transport.prepare(role, buffer, backend.allgather_object)
-        samples = timed_transfers(transport, backend, args.warmup, args.iters, watchdog)
+        sides: tuple[list[float], list[float], int] | None = None
+        if getattr(args, "with_collectives", False):  # each side's collectives beside it
+            from microbench.kvtransfer.collectives import side_calls, side_plan, timed_iterations
+            watchdog.where = "binding each side's collectives"
+            side, plan = side_plan(d, backend)
+            calls = side_calls(side, plan)
+            prefill, samples, decode = timed_iterations(
+                side, calls, transport, backend, args.warmup, args.iters, watchdog)
+            sides = (prefill, decode, len(calls))
+        else:
+            samples = timed_transfers(transport, backend, args.warmup, args.iters, watchdog)
         wrong = None
         if args.check:
             watchdog.where = "--check transfer"
@@ -137,7 +147,7 @@ def run_rank_transfer(d: DisaggPattern, env: Any, args: argparse.Namespace) -> i
                      if role.side == "decode" else 0)
         watchdog.where = "collecting results"
         gathered = backend.allgather_object(
-            (backend.rank, role.side, socket.gethostname(), samples, wrong))
+            (backend.rank, role.side, socket.gethostname(), samples, wrong, sides))
         status = 1 if any(g[4] for g in gathered) else 0
         if backend.rank == 0:
             from microbench.kvtransfer.output import write_transfer

@@ -127,8 +127,11 @@ def buffer_bytes(pattern: Pattern, rank: int) -> int:
     return sum(numel * dtype_bytes(dtype) for _, numel, dtype in keys)
 
 
-def build_plan(pattern: Pattern, backend: Backend) -> Plan:
-    mine = make_groups(pattern, backend)
+def build_plan(pattern: Pattern, backend: Backend,
+               groups: dict[str, Group] | None = None) -> Plan:
+    """`groups`: this rank's groups when made beforehand (a job of two sides makes both
+    sides' groups on every rank, kvtransfer/collectives.py); else made here."""
+    mine = make_groups(pattern, backend) if groups is None else groups
     stage = pattern.layout.stage_of(backend.rank)
     buffers: dict[tuple[str, int, str], Any] = {}
 

@@ -51,7 +51,9 @@ SCHEMAS = {
 
 # A disaggregated replay's iterations.csv (kvtransfer/replay.py): one request's KV transfer,
 # the slowest rank's time, per timed iteration.
-KV_ITERATIONS = Schema({"iteration": "int", "kv_transfer_us": "float"}, {})
+KV_ITERATIONS = Schema({"iteration": "int", "kv_transfer_us": "float"},
+                       {"prefill_comm_us": "float", "ttft_comm_us": "float",
+                        "decode_step_us": "float"})  # --with-collectives
 
 # The file each kind cannot do without (its per-iteration samples).
 NEEDED = {"replay": "iterations.csv", "sweep": "samples.csv", "kvtransfer": "iterations.csv"}
