@@ -50,13 +50,6 @@ class RunFolder:
         return (f"{m.get('backend')} ({transport}) on {m.get('device')}, "
                 f"{m.get('world_size')} ranks on {hosts} host(s)")
 
-    def library(self) -> str:
-        """A short name for legends: backend/transport and the library version."""
-        v = self.meta.get("versions") or {}
-        version = v.get("nccl") or v.get("mpi_library") or v.get("torch") or ""
-        version = " ".join(str(version).split(",")[0].split())[:32]
-        return f"{self.meta.get('transport')} {version}".strip()
-
 
 def load_run(path: str | Path) -> RunFolder:
     from microbench.results import load
