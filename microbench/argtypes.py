@@ -52,7 +52,7 @@ def positive_float(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not value > 0 or value == float("inf"):  # also refuses nan
-        raise argparse.ArgumentTypeError(f"{text} must be a positive number of seconds")
+        raise argparse.ArgumentTypeError(f"{text} must be a positive number")
     return value
 
 

@@ -2,24 +2,13 @@
 `pattern`, `replay`, `predict` and `plan` through `pattern_args`."""
 
 import argparse
-import math
 from typing import TYPE_CHECKING
 
-from microbench.argtypes import UsageError
+from microbench.argtypes import UsageError, positive_float
 from patterns import EngineOptions, Layout, resolve_model
 
 if TYPE_CHECKING:
     from patterns.workload.steps import WorkloadPattern
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text} must be a positive number")
-    return value
 
 
 def add_workload_arguments(group: argparse._ArgumentGroup) -> None:
@@ -29,7 +18,7 @@ def add_workload_arguments(group: argparse._ArgumentGroup) -> None:
                             ".jsonl ({\"arrival_s\": 0.0, \"prompt\": 100, \"output\": 3}), or "
                             "poisson:rate=R,count=N,prompt=P|LO..HI,output=O|LO..HI,seed=S; the "
                             "engine's scheduler turns it into mixed prefill/decode steps")
-    group.add_argument("--step-time-ms", type=_positive_float, default=None,
+    group.add_argument("--step-time-ms", type=positive_float, default=None,
                        help="with --requests: the time of one engine step (compute is not "
                             "modelled), which turns arrival times into steps; needed unless "
                             "every request arrives at 0")
@@ -40,7 +29,7 @@ def add_workload_arguments(group: argparse._ArgumentGroup) -> None:
                        help="vllm: speculative decoding, vLLM's flag: '{\"method\": "
                             "\"mtp\"|\"eagle\"|\"eagle3\"|\"ngram\", \"num_speculative_tokens\": "
                             "K}'")
-    group.add_argument("--acceptance-length", type=_positive_float, default=None,
+    group.add_argument("--acceptance-length", type=positive_float, default=None,
                        help="with --speculative-config: mean tokens a verify step yields "
                             "(1 .. K+1)")
     group.add_argument("--acceptance-rate", default=None, metavar="R1,...,RK",
