@@ -6,7 +6,7 @@ the same NIXL and MPI one-sided calls, on the same descriptors, in one run.
 One request of Llama-3.1-8B, prompt 512, vLLM's NixlConnector from prefill TP1 (rank 0) to
 decode TP1 (rank 1): 32 layers x 2 (K, V) x 32 blocks = 2,048 descriptors of 16 tokens x 8
 heads x 128 x 2 bytes = 32 KiB, 64 MiB READ by rank 1. Per transport, rounds alternate
-between the replay's own loop (microbench/kvtransfer/replay.py `timed_transfers` over its
+between the replay's own loop (microbench/replay/kv_transfer.py `timed_transfers` over its
 transport class) and a bare loop written here against the library (mpi4py's Win.Get with
 the same hindexed datatypes; NIXL's make_prepped_xfer / transfer / check_xfer_state and the
 target's get_new_notifs), each round a barrier then the transfer between two clock reads.
@@ -27,7 +27,7 @@ PATTERN = dict(model="llama-3.1-8b", disagg="prefill=tp1,decode=tp1", prompt=512
 
 
 def disagg():
-    from microbench.kvtransfer.args import disagg_from_args
+    from microbench.cli.kv_args import disagg_from_args
     args = Namespace(**PATTERN, name=None, batch=1, dtype=None, eager=False,
                      max_batched_tokens=None, control_plane=False, gpu="h100",
                      nccl_only=False, model_runner=None, max_num_seqs=None, sp=False,
@@ -40,8 +40,8 @@ class Replay:
     """The replay's path: its roles, descriptor arrays, transport class and timed loop."""
 
     def __init__(self, name, d, backend, watchdog):
-        from microbench.kvtransfer.replay import pair_descs, prefill_bytes, role_of
-        from microbench.kvtransfer.transports import open_transport
+        from microbench.backends.kv_transports import open_transport
+        from microbench.replay.kv_transfer import pair_descs, prefill_bytes, role_of
         self.backend, self.watchdog = backend, watchdog
         role = role_of(d, backend.rank, pair_descs(d))
         self.transport = open_transport(name, backend.rank, backend.comm)
@@ -50,7 +50,7 @@ class Replay:
         self.transport.prepare(role, buffer, backend.allgather_object)
 
     def round(self) -> float:
-        from microbench.kvtransfer.replay import timed_transfers
+        from microbench.replay.kv_transfer import timed_transfers
         return timed_transfers(self.transport, self.backend, 0, 1, self.watchdog)[0]
 
     def close(self) -> None:
@@ -66,7 +66,7 @@ def descriptors(d):
 
 def fill(buf, rank: int) -> None:
     """The replay's contents (untouched pages would all read as the one zero page)."""
-    from microbench.kvtransfer.replay import prefill_bytes
+    from microbench.replay.kv_transfer import prefill_bytes
     buf[:] = prefill_bytes(0, buf.size) if rank == 0 else 0
 
 
@@ -103,7 +103,7 @@ class BareNixl:
     def __init__(self, d, comm):
         import numpy as np
 
-        from microbench.kvtransfer.transports import import_nixl
+        from microbench.backends.kv_transports import import_nixl
         api = import_nixl()
         src, dst, length, nbytes = descriptors(d)
         self.comm, self.rank = comm, comm.Get_rank()
@@ -163,7 +163,7 @@ def main() -> None:
     watchdog = Watchdog(600, env.rank, command="benchmark").start()
     d = disagg()
     try:
-        from microbench.kvtransfer.transports import import_nixl
+        from microbench.backends.kv_transports import import_nixl
         import_nixl()
         transports = {"rma": BareRma, "nixl": BareNixl}
     except Exception:  # no NIXL here: MPI alone

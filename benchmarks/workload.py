@@ -37,7 +37,7 @@ POISSON = "poisson:rate=20,count=10000,prompt=100..2000,output=20..400,seed=1"
 def build(source: str, model: str = "llama-3.1-8b", tp: int = 8,
           step_time_s: float | None = 0.025):
     from patterns import EngineOptions, Layout, resolve_model
-    from patterns.workload.engines import workload_pattern
+    from patterns.engines.workloads import workload_pattern
     from patterns.workload.requests import read_requests
     return workload_pattern("vllm", resolve_model(model), Layout(tp=tp),
                             read_requests(source), None, EngineOptions(), step_time_s,
@@ -75,7 +75,7 @@ def measure(name: str, make) -> dict:
 
 def generation() -> list[dict]:
     from patterns import EngineOptions, Layout, resolve_model
-    from patterns.workload.engines import workload_pattern
+    from patterns.engines.workloads import workload_pattern
     from patterns.workload.requests import Request
 
     def identical(n: int):

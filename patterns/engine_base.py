@@ -1,4 +1,8 @@
-"""Engine profiles: one module per engine, each registered by name with what it follows."""
+"""What every engine profile registers with: its EngineInfo, the registry it joins, and
+`generate`, which checks a request and runs the registered profile.
+
+The profiles themselves live in `patterns.engines.<engine>`; `patterns.engines` imports them
+(so they register) and no profile imports `patterns.engines`."""
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
@@ -103,6 +107,3 @@ def generate(engine: str, model: ModelConfig, layout: Layout, workload: Workload
     _check_options(ENGINE_INFO[engine], options)
     return profile(model, layout, workload, options)
 
-
-# Profiles register themselves on import.
-from patterns.engines import megatron, sglang, trtllm, vllm, vllm_v0  # noqa: E402, F401

@@ -33,7 +33,7 @@ eagle3 and mtp, so one `EagleProposer` drafts for all three):
   `v1/cudagraph_dispatcher.py` then runs a uniform decode batch (every request 1 + k tokens)
   in a full graph.
 Each all-reduce takes the target's transport rule (`transports.vllm_allreduce`).
-SGLang's EAGLE worker: `patterns/speculative_sglang.py`.
+SGLang's EAGLE worker: `patterns/engines/sglang/speculative.py`.
 """
 
 import json
@@ -42,10 +42,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
 
-from patterns.engines.stage import Stage, pad_to
 from patterns.errors import ConfigError
 from patterns.models import ModelConfig
 from patterns.ops import Op, OpKind, Transport
+from patterns.stage import Stage, pad_to
 from patterns.vllm_rules import V1_MAX_CAPTURE, padded_vocab
 from patterns.workload.schedule import StepShape
 
@@ -144,7 +144,7 @@ def draft_pass(st: Stage, spec: SpecConfig, tokens: int, rows: int, tag: str,
     embedding's all-reduce, per draft layer o_proj's and the MLP's (MoE for an MTP layer),
     and the lm_head's all-gather. `allreduce` is the engine's (vLLM's by default)."""
     if allreduce is None:
-        from patterns.engines.vllm import _allreduce as allreduce
+        from patterns.engines.vllm.profile import _allreduce as allreduce
     ops = [allreduce(st, tokens, f"{tag}.embed_tokens")]
     mlp = "mlp.experts" if spec.method == "mtp" else "mlp.down_proj"
     for layer in range(spec.draft_layers):

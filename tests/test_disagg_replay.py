@@ -11,7 +11,7 @@ from tests.replay_helpers import infercomm, last_json, needs_mpi, tiny_model
 
 
 def nixl_importable() -> bool:
-    from microbench.kvtransfer.transports import import_nixl
+    from microbench.backends.kv_transports import import_nixl
     try:
         import_nixl()
     except Exception:

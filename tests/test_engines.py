@@ -22,7 +22,7 @@ from patterns import (
     generate,
     resolve_model,
 )
-from patterns.engines import sglang
+from patterns.engines.sglang import profile as sglang
 
 FUSED, CUSTOM, NCCL = (Transport.FUSED_ALLREDUCE_RMSNORM, Transport.CUSTOM_ALLREDUCE,
                        Transport.NCCL)

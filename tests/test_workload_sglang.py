@@ -10,7 +10,7 @@ decode graph sizes (1, 2, 4, 8, ...), whose logits cover every padded row.
 """
 
 from patterns import EngineOptions, Layout, OpKind, resolve_model
-from patterns.workload.engines import workload_pattern
+from patterns.engines.workloads import workload_pattern
 from patterns.workload.metrics import request_figures
 from patterns.workload.requests import Request
 

@@ -13,7 +13,7 @@ max_num_seqs 4, budget 64: cap = min(2 x 4, 512, 64) = 8 -> [1, 2, 4, 8]
 """
 
 from patterns import EngineOptions, Layout, OpKind, Transport, resolve_model
-from patterns.workload.engines import workload_pattern
+from patterns.engines.workloads import workload_pattern
 from patterns.workload.metrics import request_figures
 from patterns.workload.requests import Request
 

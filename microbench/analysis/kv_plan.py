@@ -170,7 +170,7 @@ def plan_disagg(args: argparse.Namespace, model: ModelConfig, topology: Topology
                 ) -> tuple[list[DisaggPriced], list[str], list[str]]:
     """Every candidate priced (best first), the refused with why, and notes."""
     from microbench.analysis.predict import predict_pattern
-    from microbench.kvtransfer.args import engine_options
+    from microbench.cli.kv_args import engine_options
 
     fits = kv_fits(args, sweep_rows, inter_rows)
     workload = Workload(prompt=args.prompt, decode=args.decode, batch=args.batch,

@@ -80,7 +80,7 @@ def print_disagg(args: argparse.Namespace) -> int:
     """`infercomm pattern --disagg ...`: table, JSON or CSV of both sides and the transfer."""
     import json
 
-    from microbench.kvtransfer.view import disagg_csv, disagg_document, disagg_table
+    from microbench.views.kv_transfer import disagg_csv, disagg_document, disagg_table
 
     refuse_layout_options(args)
     if args.steps:

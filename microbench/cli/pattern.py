@@ -31,7 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.disagg is not None:  # both sides and the KV transfer between them
-        from microbench.kvtransfer.args import print_disagg
+        from microbench.cli.kv_args import print_disagg
         return print_disagg(args)
     pattern = pattern_from_args(args)
     from patterns.workload.steps import WorkloadPattern

@@ -80,7 +80,7 @@ def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True
     group.add_argument("--sp", action="store_true",
                        help="megatron: sequence parallelism (each all-reduce becomes a "
                             "reduce-scatter and an all-gather)")
-    from microbench.kvtransfer.args import add_disagg_arguments
+    from microbench.cli.kv_args import add_disagg_arguments
     add_disagg_arguments(group)
     from microbench.cli.workload_args import add_workload_arguments
     add_workload_arguments(group)
@@ -88,7 +88,7 @@ def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True
 
 def pattern_from_args(args: argparse.Namespace) -> Pattern:
     """Build the pattern; raises ConfigError with a one-line message on bad input."""
-    from microbench.kvtransfer.args import refuse_disagg_options
+    from microbench.cli.kv_args import refuse_disagg_options
     refuse_disagg_options(args)  # --disagg is its own deployment (microbench/kvtransfer)
     from microbench.cli import workload_args as wl  # --requests, --speculative-config
     wl.refuse_workload_options(args)

@@ -65,7 +65,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                             "--gpu-memory-utilization, default 0.9)")
     group.add_argument("--format", choices=("table", "json", "csv"), default="table",
                        help="table (default), json (one document) or csv")
-    from microbench.kvtransfer.plan import add_plan_arguments
+    from microbench.analysis.kv_plan import add_plan_arguments
     add_plan_arguments(group)  # --kv-sweep, --kv-sweep-inter (with --disagg)
     group.add_argument("--allreduce-algo", default="library", metavar="ALGO",
                        choices=("library", "ring", "recursive-doubling", "rabenseifner",
@@ -177,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
     from microbench.analysis.algo_costs import with_algorithm
     topology = with_algorithm(topology, args.allreduce_algo)
 
-    from microbench.kvtransfer.plan import COLOCATED
+    from microbench.analysis.kv_plan import COLOCATED
 
     def make_pattern(layout: Any) -> Any:
         return pattern_from_args(argparse.Namespace(**{**vars(args), **COLOCATED},
@@ -196,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
     doc = document(args, priced, refused, notes)
     disagg_text = ""
     if args.disagg is not None:  # disaggregated candidates beside (microbench/kvtransfer)
-        from microbench.kvtransfer.plan import add_disagg_plan
+        from microbench.analysis.kv_plan import add_disagg_plan
         disagg_text = add_disagg_plan(doc, args, model, topology, budget, priced,
                         None if memory is None else int(memory * share * (1 << 30)),
                         sweep_table(sweep), sweep_table(inter) if inter else None)

@@ -12,7 +12,11 @@ from typing import Any
 
 from microbench.argtypes import UsageError, byte_size, run_label
 from microbench.cli.pattern_args import add_pattern_arguments, pattern_from_args
-from microbench.cli.run_args import (
+from microbench.ranks import dist, faults, launch, notes
+from microbench.ranks.failures import report_rank_failure
+from microbench.replay import LEVELS
+from microbench.replay.graphs import MODES, resolve_mode
+from microbench.replay.run_args import (
     add_run_arguments,
     buffers_on_cpu,
     check_backend_options,
@@ -21,10 +25,6 @@ from microbench.cli.run_args import (
     resolve_device,
     strip_nproc,
 )
-from microbench.ranks import dist, faults, launch, notes
-from microbench.ranks.failures import report_rank_failure
-from microbench.replay import LEVELS
-from microbench.replay.graphs import MODES, resolve_mode
 from microbench.views.textfmt import format_bytes
 from patterns import ConfigError, Pattern
 
@@ -62,7 +62,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                              "(default 1G; sizes like 500M, 4G)")
     parser.add_argument("--label", default=None, type=run_label,
                         help="run folder label (default replay-MODEL-tpTppP-BACKEND)")
-    from microbench.kvtransfer.args import add_kv_replay_arguments
+    from microbench.cli.kv_args import add_kv_replay_arguments
     add_kv_replay_arguments(parser)
     from microbench.algorithms.args import add_algo_arguments
     add_algo_arguments(parser)
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         from microbench.tuning.env_grid import run_grid
         return run_grid("replay", args)
     if args.disagg is not None:  # prefill and decode ranks, and the KV transfer between
-        from microbench.kvtransfer.replay import run_disagg
+        from microbench.replay.kv_transfer import run_disagg
         return run_disagg(args)
     pattern = pattern_or_trace(args)  # bad input ends here, before any process or file
     from microbench.replay.graphs import eager_pattern_mode

@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 from microbench.argtypes import UsageError, byte_size, positive_int, run_label
 from microbench.cli.pattern_args import add_pattern_arguments, pattern_from_args
-from microbench.cli.run_args import (
+from microbench.ranks import dist, launch
+from microbench.ranks.failures import report_rank_failure
+from microbench.replay.run_args import (
     add_run_arguments,
     check_out_dir,
     check_out_for_rank,
     resolve_device,
     strip_nproc,
 )
-from microbench.ranks import dist, launch
-from microbench.ranks.failures import report_rank_failure
 from microbench.sweep.busbw import SweepOp, algbw_gbps, busbw_gbps
 from microbench.views.pattern import pattern_summary
 from microbench.views.textfmt import format_bytes, render_table
@@ -49,7 +49,7 @@ DEFAULT_MIN, DEFAULT_MAX, DEFAULT_FACTOR = 8, 32 << 20, 2
 def op_list(text: str) -> list[SweepOp]:
     names = [t.strip().lower() for t in text.split(",") if t.strip()]
     known = ", ".join(SweepOp)
-    if "kvtransfer" in names:  # a KV transfer, not a collective: microbench/kvtransfer/sweep.py
+    if "kvtransfer" in names:  # a KV transfer, not a collective: microbench/sweep/kv_transfer.py
         if names != ["kvtransfer"]:
             raise argparse.ArgumentTypeError("--op kvtransfer is swept on its own run")
         return ["kvtransfer"]  # type: ignore[list-item]
@@ -98,7 +98,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="run folder label (default sweep-BACKEND-TRANSPORT-wWORLD)")
     add_pattern_arguments(parser, required=False)
     add_run_arguments(parser)
-    from microbench.kvtransfer.args import add_kv_replay_arguments, add_kv_sweep_arguments
+    from microbench.cli.kv_args import add_kv_replay_arguments, add_kv_sweep_arguments
     add_kv_replay_arguments(parser)
     add_kv_sweep_arguments(parser)
     from microbench.algorithms.args import add_algo_arguments
@@ -176,8 +176,8 @@ def cases_for(args: argparse.Namespace, pattern: Pattern | None,
 
 def _check_memory(args: argparse.Namespace, cases: list[Case], ranks_here: int) -> None:
     """Host buffers of the largest case on every rank of this host, before any rank starts."""
-    from microbench.cli.run_args import buffers_on_cpu
     from microbench.replay.footprint import available_host_bytes
+    from microbench.replay.run_args import buffers_on_cpu
     from microbench.sweep.footprint import check_sweep_fits
 
     if buffers_on_cpu(args.device, args.backend):
@@ -187,7 +187,7 @@ def _check_memory(args: argparse.Namespace, cases: list[Case], ranks_here: int) 
 def check_backend(args: argparse.Namespace) -> None:
     """replay's backend refusals (nccl without CuPy or on CPUs, ...); a sweep issues every
     call eagerly and times each one, so it asks for no CUDA graph."""
-    from microbench.cli.run_args import check_backend_options
+    from microbench.replay.run_args import check_backend_options
 
     check_backend_options(argparse.Namespace(**{**vars(args), "graph": "none",
                                                 "timing": "op"}))
@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
         from microbench.tuning.env_grid import run_grid
         return run_grid("sweep", args)
     if args.op == ["kvtransfer"]:
-        from microbench.kvtransfer.sweep import run_kv_sweep
+        from microbench.sweep.kv_transfer import run_kv_sweep
         return run_kv_sweep(args)
     pattern = _pattern(args)  # bad input ends here, before any process or file
     check_backend(args)

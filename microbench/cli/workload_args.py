@@ -43,8 +43,8 @@ def wants_workload(args: argparse.Namespace) -> bool:
 
 def workload_from_args(args: argparse.Namespace, options: EngineOptions) -> "WorkloadPattern":
     """The WorkloadPattern of --requests (or of one batch under --speculative-config)."""
+    from patterns.engines.workloads import workload_pattern
     from patterns.speculative import parse_spec
-    from patterns.workload.engines import workload_pattern
     from patterns.workload.requests import Request, read_requests
     spec = None
     if args.speculative_config is not None:

@@ -63,7 +63,7 @@ P2P = (OpKind.SEND, OpKind.RECV)
 # Groups whose calls an engine issues between its stages' graphs, never inside one: the PP
 # send/recv and the last stage's broadcast of the sampled tokens, which vLLM Model Runner V2
 # issues after sampling, outside the captured forward (v1/worker/gpu/pp_utils.py `PPHandler`,
-# v1/worker/gpu/model_runner.py @ c8109375, as patterns/engines/vllm.py cites them).
+# v1/worker/gpu/model_runner.py @ c8109375, as patterns/engines/vllm/profile.py cites them).
 EAGER_GROUPS = ("pp", "pp_broadcast")
 
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from microbench.kvtransfer.view import disagg_document
 from microbench.results.store import base_meta, csv_text, json_text, write_run_or_keep
+from microbench.views.kv_transfer import disagg_document
 from microbench.views.textfmt import format_bytes, format_us, render_table
 from patterns.disagg import DisaggPattern
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from microbench.argtypes import UsageError
-from microbench.kvtransfer.transports import PairDescs, Role, open_transport
+from microbench.backends.kv_transports import PairDescs, Role, open_transport
 from patterns.disagg import DisaggPattern
 
 # A descriptor list beyond this is no request of a real prompt (Llama-3.1-70B's 128K tokens
@@ -125,7 +125,7 @@ def run_rank_transfer(d: DisaggPattern, env: Any, args: argparse.Namespace) -> i
         transport.prepare(role, buffer, backend.allgather_object)
         sides: tuple[list[float], list[float], int] | None = None
         if getattr(args, "with_collectives", False):  # each side's collectives beside it
-            from microbench.kvtransfer.collectives import side_calls, side_plan, timed_iterations
+            from microbench.replay.kv_collectives import side_calls, side_plan, timed_iterations
             watchdog.where = "binding each side's collectives"
             side, plan = side_plan(d, backend)
             calls = side_calls(side, plan)
@@ -150,7 +150,7 @@ def run_rank_transfer(d: DisaggPattern, env: Any, args: argparse.Namespace) -> i
             (backend.rank, role.side, socket.gethostname(), samples, wrong, sides))
         status = 1 if any(g[4] for g in gathered) else 0
         if backend.rank == 0:
-            from microbench.kvtransfer.output import write_transfer
+            from microbench.replay.kv_output import write_transfer
             versions = {**backend.versions(), **transport.versions()}
             status = write_transfer(d, args, gathered, versions, backend) or status
         transport.close()
@@ -167,9 +167,9 @@ def run_rank_transfer(d: DisaggPattern, env: Any, args: argparse.Namespace) -> i
 def run_disagg(args: argparse.Namespace) -> int:
     """Bad input refused here, before any process or file; then the ranks, started here
     (--nproc, or no launcher) or by mpiexec/srun/torchrun."""
-    from microbench.cli.run_args import check_out_dir, check_out_for_rank, strip_nproc
-    from microbench.kvtransfer.args import disagg_from_args, refuse_layout_options
+    from microbench.cli.kv_args import disagg_from_args, refuse_layout_options
     from microbench.ranks import dist, launch
+    from microbench.replay.run_args import check_out_dir, check_out_for_rank, strip_nproc
 
     if args.trace:
         raise UsageError("--trace replays a trace's own calls; drop --disagg or --trace")
@@ -196,7 +196,7 @@ def run_disagg(args: argparse.Namespace) -> int:
         raise UsageError("the replay moves one request between one replica of each side; "
                          "give tp only (drop dpN from --disagg)")
     if args.kv_transport == "nixl":
-        from microbench.kvtransfer.transports import import_nixl
+        from microbench.backends.kv_transports import import_nixl
         import_nixl()
     from microbench.replay.footprint import available_host_bytes, ranks_on_this_host
 

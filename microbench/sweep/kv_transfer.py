@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from microbench.argtypes import UsageError
-from microbench.kvtransfer.args import DEFAULT_DESCRIPTORS
-from microbench.kvtransfer.transports import PairDescs, Role, open_transport
+from microbench.backends.kv_transports import PairDescs, Role, open_transport
+from microbench.cli.kv_args import DEFAULT_DESCRIPTORS
 from patterns.disagg import Pair
 
 OP = "kvtransfer"
@@ -64,7 +64,7 @@ def check_args(args: argparse.Namespace) -> tuple[list[int], int]:
         raise UsageError("--kv-transport torch issues torch.distributed calls; use --backend "
                          "torch")
     if args.kv_transport == "nixl":
-        from microbench.kvtransfer.transports import import_nixl
+        from microbench.backends.kv_transports import import_nixl
         import_nixl()
     if args.device == "cuda":
         raise UsageError("--op kvtransfer moves host memory; drop --device cuda")
@@ -72,8 +72,8 @@ def check_args(args: argparse.Namespace) -> tuple[list[int], int]:
 
 
 def run_kv_sweep(args: argparse.Namespace) -> int:
-    from microbench.cli.run_args import check_out_dir, check_out_for_rank, strip_nproc
     from microbench.ranks import dist, launch
+    from microbench.replay.run_args import check_out_dir, check_out_for_rank, strip_nproc
 
     sizes, count = check_args(args)
     env = dist.detect()

@@ -1,11 +1,11 @@
 """Each engine's calls for one scheduled step of a workload, and the pattern of a workload.
 
-vLLM V1 (`patterns/engines/vllm.py`, its sources there): a step of T tokens over R
+vLLM V1 (`patterns/engines/vllm/profile.py`, its sources there): a step of T tokens over R
 scheduled requests issues `forward(T_pad, rows)` with T_pad the capture size T pads to
 (`vllm_rules.v1_capture_sizes`, `config/vllm.py: _set_cudagraph_sizes`); the logits are
 all-gathered for every scheduled request, partial prefills included, and for 1 + k
 positions of each request under speculative decoding (the verify rows).
-SGLang (`patterns/engines/sglang.py`): extend and mixed steps padded to its prefill token
+SGLang (`patterns/engines/sglang/profile.py`): extend and mixed steps padded to its prefill token
 ladder, decode steps to its decode graph sizes; the decode graph all-gathers the logits of
 every padded row.
 """
@@ -14,21 +14,21 @@ from collections.abc import Sequence
 from dataclasses import replace
 from functools import cache
 
-from patterns.engines import sglang as sglang_profile
-from patterns.engines import vllm as vllm_profile
-from patterns.engines.stage import Stage, pad_to
+from patterns.engines.sglang import profile as sglang_profile
+from patterns.engines.sglang.scheduler import schedule_sglang
+from patterns.engines.sglang.speculative import decode_step_ops, extend_drafter_ops
+from patterns.engines.vllm import profile as vllm_profile
+from patterns.engines.vllm.scheduler import schedule_vllm
 from patterns.errors import ConfigError
 from patterns.layout import Layout
 from patterns.models import ModelConfig
 from patterns.ops import Op
 from patterns.pattern import EngineOptions
 from patterns.speculative import SpecConfig, check_spec_model, drafter_ops, spec_capture_sizes
-from patterns.speculative_sglang import decode_step_ops, extend_drafter_ops
+from patterns.stage import Stage, pad_to
 from patterns.vllm_rules import v1_capture_sizes, v1_defaults
 from patterns.workload.requests import Request
 from patterns.workload.schedule import StepShape
-from patterns.workload.scheduler_sglang import schedule_sglang
-from patterns.workload.scheduler_vllm import schedule_vllm
 from patterns.workload.steps import (
     StepGraph,
     WorkloadPattern,

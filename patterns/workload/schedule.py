@@ -1,6 +1,6 @@
 """What an engine's scheduler makes of a request workload: run-length steps and, per request,
 the steps of its prefill chunks and of its decodes. Engine-neutral types; the schedulers are
-`scheduler_vllm.py` and `scheduler_sglang.py`.
+`engines/vllm/scheduler.py` and `engines/sglang/scheduler.py`.
 
 Compute is not modelled, so time moves in steps of a fixed length the user sets
 (`--step-time-ms`): a request arriving at t seconds joins the scheduler at clock step

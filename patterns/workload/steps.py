@@ -12,13 +12,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 
-from patterns.engines import ENGINE_INFO, _check_options
-from patterns.engines.stage import Stage, pad_to, stages
+from patterns.engine_base import ENGINE_INFO, _check_options
 from patterns.errors import ConfigError
 from patterns.layout import Layout, Workload
 from patterns.models import ModelConfig
 from patterns.ops import Op, Step
 from patterns.pattern import EngineOptions, Pattern, Run
+from patterns.stage import Stage, pad_to, stages
 from patterns.workload.requests import Request
 from patterns.workload.schedule import Schedule, StepShape
 

@@ -16,13 +16,13 @@ Shapes are Megatron's [s, b, h]; T = s * b. Sequence parallelism scatters s, so 
 s must be divisible by tp: decode steps (s = 1) refuse it at tp > 1.
 """
 
-from patterns.engines import EngineInfo, register
-from patterns.engines.stage import Stage, merge, run, stages
+from patterns.engine_base import EngineInfo, register
 from patterns.errors import ConfigError
 from patterns.layout import Layout, Workload
 from patterns.models import ModelConfig
 from patterns.ops import Op, OpKind, Phase
 from patterns.pattern import EngineOptions, Pattern, Run
+from patterns.stage import Stage, merge, run, stages
 
 INFO = EngineInfo(
     name="megatron",

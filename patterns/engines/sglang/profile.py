@@ -36,15 +36,15 @@ from dataclasses import replace
 from patterns.deepep import DEEPEP_MODES
 from patterns.dp_steps import SGLANG_IDLE_STEP, RankStep, align_dp_runs, build_replicas
 from patterns.dtypes import dtype_bytes
-from patterns.engines import EngineInfo, register
-from patterns.engines.stage import Stage, merge, pad_to, run, stages, tp_model_calls
-from patterns.engines.vllm import PP_KEYS, pp_receive
+from patterns.engine_base import EngineInfo, register
+from patterns.engines.vllm.profile import PP_KEYS, pp_receive
 from patterns.errors import ConfigError
 from patterns.layout import Layout, Workload
 from patterns.models import ModelConfig, mlp_module
 from patterns.moe import sglang_dp_layer, sglang_dp_logits, sglang_mlp_sync, sglang_step_tokens
 from patterns.ops import Op, OpKind, Phase, Transport
 from patterns.pattern import EngineOptions, Pattern, Run
+from patterns.stage import Stage, merge, pad_to, run, stages, tp_model_calls
 from patterns.transports import sglang_allreduce, sglang_logits_allgather
 from patterns.vllm_rules import padded_vocab, prefill_chunks, stage_layer_counts
 

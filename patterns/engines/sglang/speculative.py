@@ -19,10 +19,10 @@ speculation: not modelled) and every padded row's logits are gathered, as withou
 speculation. Mixed chunks are off with speculation (SGLang refuses them together).
 """
 
-from patterns.engines import sglang as sglang_profile
-from patterns.engines.stage import Stage, pad_to
+from patterns.engines.sglang import profile as sglang_profile
 from patterns.ops import Op
 from patterns.speculative import SpecConfig, draft_pass
+from patterns.stage import Stage, pad_to
 from patterns.transports import sglang_logits_allgather
 from patterns.workload.schedule import StepShape
 

@@ -21,12 +21,12 @@ allreduceOp.cpp`), which was not read: every call is labelled `nccl`, and `infer
 says so.
 """
 
-from patterns.engines import EngineInfo, register
-from patterns.engines.stage import Stage, merge, run, stages, tp_model_calls
+from patterns.engine_base import EngineInfo, register
 from patterns.layout import Layout, Workload
 from patterns.models import ModelConfig, mlp_module
 from patterns.ops import Op, OpKind, Phase
 from patterns.pattern import EngineOptions, Pattern, Run
+from patterns.stage import Stage, merge, run, stages, tp_model_calls
 from patterns.vllm_rules import prefill_chunks
 
 INFO = EngineInfo(

@@ -40,15 +40,15 @@ Code read: vLLM upstream main of 2026-08-03 as modal-projects/vllm @ c8109375 (a
   `patterns/moe.py` (all2all.py AgRsAll2AllManager, fused_moe/config.py, dp_utils.py), the
   DP ranks' steps lined up and padded in `patterns/dp_steps.py`; hooked in `moe_layer_ops`
   and `_dp_replicas`. A dense model at dp > 1 is independent replicas. DeepSeek-V2/V3 at
-  tp > 1, dp > 1 with --ep run their own sequence-parallel layers (`patterns/vllm_sp.py`).
+  tp > 1, dp > 1 with --ep run their own sequence-parallel layers (`patterns/engines/vllm/sp.py`).
 """
 
 from dataclasses import replace
 
 from patterns.dp_steps import RankStep, align_dp_runs, build_replicas, dp_padded_tokens
 from patterns.dtypes import dtype_bytes
-from patterns.engines import EngineInfo, register
-from patterns.engines.stage import Stage, merge, pad_to, run, stages
+from patterns.engine_base import EngineInfo, register
+from patterns.engines.vllm.sp import deepseek_sp, sp_final, sp_input, sp_moe_layer
 from patterns.errors import ConfigError
 from patterns.layout import Layout, Workload
 from patterns.models import ModelConfig, mlp_module
@@ -56,6 +56,7 @@ from patterns.moe import exchanges_tokens, vllm_dp_coordination, vllm_moe_layer
 from patterns.mxfp4 import moe_allreduce_width, moe_widths
 from patterns.ops import Op, OpKind, Phase
 from patterns.pattern import EngineOptions, Pattern, Run
+from patterns.stage import Stage, merge, pad_to, run, stages
 from patterns.transports import vllm_allreduce
 from patterns.vllm_rules import (
     padded_vocab,
@@ -64,7 +65,6 @@ from patterns.vllm_rules import (
     v1_capture_sizes,
     v1_defaults,
 )
-from patterns.vllm_sp import deepseek_sp, sp_final, sp_input, sp_moe_layer
 
 INFO = EngineInfo(
     name="vllm",
@@ -134,7 +134,7 @@ def _layer_ops(st: Stage, layer: int, tokens: int) -> list[Op]:
     # The last layer of a stage that hands its output to the next stage feeds no RMSNorm,
     # so the fusion pass cannot take its second all-reduce.
     feeds_rmsnorm = st.is_last or layer != st.layers[-1]
-    sp = deepseek_sp(st)  # DeepSeek's own sequence-parallel MoE layers: patterns/vllm_sp.py
+    sp = deepseek_sp(st)  # DeepSeek's own sequence-parallel MoE layers: patterns/engines/vllm/sp.py
     if sp and st.model.is_moe_layer(layer):
         return sp_moe_layer(st, layer, tokens, moe_layer_ops(st, layer, tokens, feeds_rmsnorm))
     ops = sp_input(st, layer, tokens) if sp else []

@@ -19,9 +19,9 @@ Other MoE models (Qwen3-MoE, ...) chunk and all-gather inside the MoE block
 (`patterns.moe.vllm_moe_layer`), keeping the attention all-reduce.
 """
 
-from patterns.engines.stage import Stage
 from patterns.moe import sequence_parallel_moe
 from patterns.ops import Op, OpKind
+from patterns.stage import Stage
 
 DEEPSEEK_MODEL_TYPES = frozenset({"deepseek_v2", "deepseek_v3", "deepseek_v32"})
 SP_ALLGATHER_SUFFIX = ".sequence_parallel.allgather"  # the MoE block's own (not here)

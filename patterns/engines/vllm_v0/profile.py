@@ -9,12 +9,12 @@ TP rank 0, since `use_all_gather()` is False for V0 on GPUs), `distributed/utils
 (`get_pp_indices`).
 """
 
-from patterns.engines import EngineInfo, register
-from patterns.engines.stage import merge
+from patterns.engine_base import EngineInfo, register
 from patterns.layout import Layout, Workload
 from patterns.models import ModelConfig, mlp_module
 from patterns.ops import Op, OpKind, Phase, Step
 from patterns.pattern import EngineOptions, Pattern, Run
+from patterns.stage import merge
 from patterns.vllm_rules import (
     MAX_GRAPH_BATCH,
     graph_batch_size,

@@ -1,0 +1,1 @@
+"""SGLang: its profile, its speculative decoding, its scheduler."""

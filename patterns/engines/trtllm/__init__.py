@@ -1,0 +1,1 @@
+"""TensorRT-LLM: its profile."""

@@ -1,0 +1,1 @@
+"""vLLM V0: its profile."""
