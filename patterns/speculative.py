@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
 
-from patterns.errors import ConfigError
+from patterns.errors import ConfigError, shown
 from patterns.models import ModelConfig
 from patterns.ops import Op, OpKind, Transport
 from patterns.stage import Stage, pad_to
@@ -64,13 +64,32 @@ class SpecConfig:
     draft_layers: int = 1
 
 
+MAX_CONFIG_CHARS = 4096  # vLLM's speculative configs are a few keys
+
+
+def _not_a_value(name: str) -> float:
+    raise ValueError(f"{name} is not a value it takes")
+
+
+def _bounded_int(text: str) -> int:
+    if len(text) > 12:
+        raise ValueError(f"an integer of {len(text):,} digits")
+    return int(text)
+
+
 def parse_spec(text: str, acceptance_length: float | None,
                acceptance_rate: str | None) -> SpecConfig:
+    want = '\'{"method": "eagle", "num_speculative_tokens": 3}\''
+    if len(text) > MAX_CONFIG_CHARS:
+        raise ConfigError(f"--speculative-config of {len(text):,} characters; vLLM's is a "
+                          f"short JSON object such as {want}")
     try:
-        obj = json.loads(text)
+        obj = json.loads(text, parse_constant=_not_a_value, parse_int=_bounded_int)
     except json.JSONDecodeError as e:
-        raise ConfigError(f"--speculative-config is not JSON ({e.msg}); want "
-                          '\'{"method": "eagle", "num_speculative_tokens": 3}\'') from None
+        raise ConfigError(f"--speculative-config is not JSON ({e.msg}); want {want}") from None
+    except (RecursionError, ValueError) as e:  # nesting, NaN, a 5,000-digit integer
+        why = "nested too deep" if isinstance(e, RecursionError) else str(e)
+        raise ConfigError(f"--speculative-config: {why}; want {want}") from None
     if not isinstance(obj, dict):
         raise ConfigError("--speculative-config must be a JSON object")
     method, k = obj.get("method"), obj.get("num_speculative_tokens")
@@ -79,10 +98,11 @@ def parse_spec(text: str, acceptance_length: float | None,
         raise ConfigError(f"--speculative-config: {', '.join(sorted(unknown))} not modelled; "
                           "keys are method, num_speculative_tokens, draft_vocab_size")
     if method not in METHODS:
-        raise ConfigError(f"--speculative-config method {method!r} is not modelled; use one of "
-                          f"{', '.join(METHODS)}")
+        raise ConfigError(f"--speculative-config method {shown(repr(method), 40)} is not "
+                          f"modelled; use one of {', '.join(METHODS)}")
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 16:
-        raise ConfigError(f"num_speculative_tokens {k!r} must be an integer from 1 to 16")
+        raise ConfigError(f"num_speculative_tokens {shown(repr(k), 40)} must be an integer "
+                          "from 1 to 16")
     vocab = obj.get("draft_vocab_size")
     if vocab is not None and (method != "eagle3" or isinstance(vocab, bool)
                               or not isinstance(vocab, int) or not 1 <= vocab <= 10_000_000):

@@ -2,6 +2,7 @@
 `pattern`, `replay`, `predict` and `plan` through `pattern_args`."""
 
 import argparse
+import sys
 from typing import TYPE_CHECKING
 
 from microbench.argtypes import UsageError, positive_float
@@ -45,7 +46,7 @@ def workload_from_args(args: argparse.Namespace, options: EngineOptions) -> "Wor
     """The WorkloadPattern of --requests (or of one batch under --speculative-config)."""
     from patterns.engines.workloads import workload_pattern
     from patterns.speculative import parse_spec
-    from patterns.workload.requests import Request, read_requests
+    from patterns.workload.requests import Request, read_workload
     spec = None
     if args.speculative_config is not None:
         spec = parse_spec(args.speculative_config, args.acceptance_length, args.acceptance_rate)
@@ -57,9 +58,10 @@ def workload_from_args(args: argparse.Namespace, options: EngineOptions) -> "Wor
         if given:
             raise UsageError(f"--requests gives each request's prompt and output; drop "
                              f"{', '.join(given)}")
-        requests = read_requests(args.requests)
+        requests, unsorted = read_workload(args.requests)
         source = args.requests
     else:  # one batch of identical requests, all arriving at 0
+        unsorted = None
         require_prompt_decode(args)
         requests = [Request(0.0, args.prompt, args.decode)] * args.batch
         source = f"batch {args.batch} x prompt {args.prompt}, decode {args.decode}"
@@ -71,9 +73,29 @@ def workload_from_args(args: argparse.Namespace, options: EngineOptions) -> "Wor
         from dataclasses import replace
         model = replace(model, name=args.name)
     layout = Layout(tp=args.tp, pp=args.pp, dp=args.dp, ep=args.ep)
-    return workload_pattern(args.engine, model, layout, requests, args.dtype, options,
-                            None if args.step_time_ms is None else args.step_time_ms / 1e3,
-                            spec, source, args.mixed_chunk)
+    step_time_s = None if args.step_time_ms is None else args.step_time_ms / 1e3
+    if step_time_s is not None and step_time_s * 1e6 < 1:  # 1e-320 ms: 1e-323 s, denormal
+        raise UsageError(f"--step-time-ms {args.step_time_ms:.3g}: an engine step takes at "
+                         "least a microsecond (0.001 ms); give the step time your engine "
+                         "shows (20-40 ms is common for a 70B model at TP8)")
+    pattern = workload_pattern(args.engine, model, layout, requests, args.dtype, options,
+                               step_time_s, spec, source, args.mixed_chunk,
+                               flag="--requests" if args.requests else "--speculative-config",
+                               progress=progress_line if len(requests) >= PROGRESS_FROM
+                               else None)
+    if unsorted:  # said once the workload is accepted: a refusal stays one line
+        sys.stderr.write(f"infercomm: note: {unsorted}\n")
+    return pattern
+
+
+PROGRESS_FROM = 100_000  # requests from which building a workload says how far it is
+
+
+def progress_line(text: str) -> None:
+    """A workload of 10^5 requests or more takes seconds to tens of seconds: say each phase
+    on stderr (stdout stays the result)."""
+    sys.stderr.write(f"[infercomm] {text}\n")
+    sys.stderr.flush()
 
 
 def require_prompt_decode(args: argparse.Namespace) -> None:

@@ -45,10 +45,12 @@ def figures(p: WorkloadPattern) -> dict[str, list[RequestFigures]]:
             "calls": request_figures(p.schedule, lambda i: step_calls(p, i))}
 
 
-def workload_summary(p: WorkloadPattern) -> dict[str, Any]:
+def workload_summary(p: WorkloadPattern,
+                     per: dict[str, list[RequestFigures]] | None = None) -> dict[str, Any]:
+    """`per`: figures(p) where the caller has them already (10^6 requests: seconds each)."""
     assert p.schedule is not None
     s = p.schedule
-    per = figures(p)
+    per = per or figures(p)
     return {"requests": len(s.spans), "source": p.source, "engine": p.engine,
             "step_time_ms": round(s.step_time_s * 1e3, 6), "steps": s.steps,
             "segments": len(s.segments), "clock_steps": s.clock_steps,
@@ -78,7 +80,7 @@ def workload_document(p: WorkloadPattern) -> dict[str, Any]:
                  "decode_bytes_per_token": (b.tpot * b.decode_steps / (r.output - 1)
                                             if b.tpot is not None else None)}
                 for r, b, c in zip(p.requests, per["bytes"], per["calls"], strict=True)]
-    return {**workload_summary(p), "model": p.model.name, "tp": p.layout.tp,
+    return {**workload_summary(p, per), "model": p.model.name, "tp": p.layout.tp,
             "step_rows": step_rows(p), "per_request": requests}
 
 
@@ -87,8 +89,8 @@ def _pct_row(name: str, values: dict[str, float | None], fmt: Any) -> str:
     return f"  {name:<30}" + "".join(f"{c:>14}" for c in cells)
 
 
-def workload_text(p: WorkloadPattern) -> str:
-    s = workload_summary(p)
+def workload_text(p: WorkloadPattern, s: dict[str, Any] | None = None) -> str:
+    s = s or workload_summary(p)
     rows = step_rows(p)
     lines = [f"workload: {s['requests']} requests from {p.source} on {p.engine}, "
              f"{p.model.name} tp{p.layout.tp}, step time {s['step_time_ms']} ms"
@@ -129,8 +131,8 @@ def print_workload(p: WorkloadPattern, fmt: str, steps: bool = False) -> int:
         for r in rows:
             print(",".join(str(v) for v in r.values()))
         return 0
-    print(workload_text(p))
     s = workload_summary(p)
+    print(workload_text(p, s))
     print(json.dumps({"engine": p.engine, "model": p.model.name, "tp": p.layout.tp,
                       "requests": s["requests"], "steps": s["steps"],
                       "ttft_bytes_p50": s["ttft_bytes"]["p50"],

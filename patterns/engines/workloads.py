@@ -10,7 +10,7 @@ ladder, decode steps to its decode graph sizes; the decode graph all-gathers the
 every padded row.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import cache
 
@@ -119,20 +119,47 @@ def sglang_workload(model: ModelConfig, layout: Layout, requests: Sequence[Reque
                          spec.method if spec else "")
 
 
+def check_positions(model: ModelConfig, requests: Sequence[Request]) -> None:
+    """Every request within the model's positions, checked before any scheduling (a
+    schedule of 10^6 requests takes tens of seconds): the first that is not is named."""
+    limit = model.max_position_embeddings
+    if not limit:
+        return
+    for i, r in enumerate(requests, start=1):
+        if r.prompt + r.output > limit:
+            raise ConfigError(f"request {i:,} in arrival order (at {r.arrival_s:g} s): "
+                              f"prompt({r.prompt}) + output({r.output}) = "
+                              f"{r.prompt + r.output} tokens exceed max_position_embeddings"
+                              f"({limit}) of {model.name}; every request needs prompt + "
+                              f"output <= {limit}")
+
+
 def workload_pattern(engine: str, model: ModelConfig, layout: Layout,
                      requests: Sequence[Request], dtype: str | None, options: EngineOptions,
                      step_time_s: float | None, spec: SpecConfig | None = None,
-                     source: str = "", mixed_chunk: bool = False) -> WorkloadPattern:
-    """The pattern of a request workload under `engine`'s scheduler."""
-    check_workload_layout(engine, layout)
-    layout.check_model(model)
+                     source: str = "", mixed_chunk: bool = False, flag: str = "--requests",
+                     progress: Callable[[str], None] | None = None) -> WorkloadPattern:
+    """The pattern of a request workload under `engine`'s scheduler. `flag` names the option
+    that asked for it in refusals (--requests, or --speculative-config for one batch);
+    `progress`, when given, is told each phase of a large workload."""
     if spec is not None:
         check_spec_model(spec, model, engine)
+    check_workload_layout(engine, layout, flag)
+    layout.check_model(model)
+    check_positions(model, requests)
+    if progress is not None:
+        progress(f"{len(requests):,} requests read and checked; scheduling them under "
+                 f"{engine}")
     if mixed_chunk and engine != "sglang":
         raise ConfigError("--mixed-chunk is SGLang's --enable-mixed-chunk; vLLM always mixes "
                           "prefill chunks and decodes; use it with --engine sglang")
     if engine == "vllm":
-        return vllm_workload(model, layout, requests, dtype, options, step_time_s, spec,
-                             source)
-    return sglang_workload(model, layout, requests, dtype, options, step_time_s, spec, source,
-                           mixed_chunk)
+        pattern = vllm_workload(model, layout, requests, dtype, options, step_time_s, spec,
+                                source)
+    else:
+        pattern = sglang_workload(model, layout, requests, dtype, options, step_time_s, spec,
+                                  source, mixed_chunk)
+    if progress is not None:
+        assert pattern.schedule is not None
+        progress(f"scheduled: {pattern.schedule.steps:,} steps; each request's figures next")
+    return pattern

@@ -106,6 +106,9 @@ class SegmentList:
         return start
 
 
+MAX_CLOCK_STEPS = 1e12  # a year of 30 us steps; more is a step time given in the wrong unit
+
+
 def arrival_steps(requests: Sequence[Request], step_time_s: float | None) -> list[int]:
     """Clock step each request joins at: ceil(arrival / step time)."""
     if step_time_s is None:
@@ -115,7 +118,13 @@ def arrival_steps(requests: Sequence[Request], step_time_s: float | None) -> lis
                               "steps through a step time; give --step-time-ms")
         return [0] * len(requests)
     if not (math.isfinite(step_time_s) and step_time_s > 0):
-        raise ConfigError(f"step time {step_time_s * 1e3} ms must be a positive number")
+        raise ConfigError(f"step time {step_time_s * 1e3:g} ms must be a positive number")
+    last = max(r.arrival_s for r in requests) / step_time_s
+    if not last < MAX_CLOCK_STEPS:  # also inf, from a step time of 1e-320 ms
+        raise ConfigError(f"step time {step_time_s * 1e3:g} ms puts the last request's "
+                          f"arrival ({max(r.arrival_s for r in requests):g} s) beyond "
+                          f"{MAX_CLOCK_STEPS:.0e} steps; give the step time your engine "
+                          "shows (milliseconds)")
     # The small slack keeps an arrival of exactly k step times at step k despite rounding.
     return [max(0, math.ceil(r.arrival_s / step_time_s - 1e-9)) for r in requests]
 

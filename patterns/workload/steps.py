@@ -52,12 +52,12 @@ class WorkloadPattern(Pattern):
     spec: str = ""  # the speculative method, "" when none
 
 
-def check_workload_layout(engine: str, layout: Layout) -> None:
+def check_workload_layout(engine: str, layout: Layout, flag: str = "--requests") -> None:
     if engine not in WORKLOAD_ENGINES:
-        raise ConfigError(f"--requests with engine {engine}: "
+        raise ConfigError(f"{flag} with engine {engine}: "
                           f"{NOT_MODELLED.get(engine, 'not modelled; use vllm or sglang')}")
     if layout.pp > 1 or layout.dp > 1:
-        raise ConfigError(f"--requests models one engine replica at pp 1 (here pp({layout.pp}),"
+        raise ConfigError(f"{flag} models one engine replica at pp 1 (here pp({layout.pp}),"
                           f" dp({layout.dp})): engines keep several batches in flight under PP "
                           "and route requests between DP replicas; use --pp 1 --dp 1")
 
