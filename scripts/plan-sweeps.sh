@@ -11,9 +11,13 @@ cd "$(dirname "$0")/.."
 RATE=${RATE:-1gbit}
 OUT=${1:-results/examples/plan-sweeps}
 NS_A=infercomm-plan-a NS_B=infercomm-plan-b
-OPS=allreduce,allgather,gather,sendrecv,stream
+# Every op plan and predict price: vLLM V1's pipeline stages broadcast the sampled tokens,
+# MoE layers reduce-scatter (and all-to-all under --a2a alltoall).
+OPS=allreduce,allgather,reducescatter,alltoall,broadcast,gather,sendrecv,stream
 
-make --quiet setup
+# PY=path/to/python uses that environment (its mpiexec beside it) instead of make setup's
+if [ -z "${PY:-}" ]; then make --quiet setup; PY=$(pwd)/.venv/bin/python; fi
+MPIEXEC=$(dirname "$PY")/mpiexec
 cleanup() { ip netns del "$NS_A" 2>/dev/null || true; ip netns del "$NS_B" 2>/dev/null || true; }
 trap cleanup EXIT
 cleanup
@@ -26,8 +30,6 @@ ip netns exec "$NS_A" tc qdisc add dev vPA root tbf rate "$RATE" burst 256kb lat
 ip netns exec "$NS_B" tc qdisc add dev vPB root tbf rate "$RATE" burst 256kb latency 5ms
 
 mkdir -p "$OUT"
-PY=$(pwd)/.venv/bin/python
-MPIEXEC=$(pwd)/.venv/bin/mpiexec
 export OMP_NUM_THREADS=1
 "$PY" -m microbench sweep --backend mpi --device cpu --op "$OPS" -b 8 -e 32M -f 4 \
     --dtype fp32 -n 20 -w 3 -c --out "$OUT" --label intra-shm | tail -n 1

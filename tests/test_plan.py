@@ -63,7 +63,7 @@ def test_every_layout_priced_and_sorted(cli, tmp_path):
     # 4 steps end to end.
     tp4 = got[(4, 1)]
     assert (tp4["prefill_us"], tp4["decode_step_us"], tp4["e2e_us"]) == (330, 330, 1320)
-    assert "communication only" in doc["scope"]
+    assert "floors, not a prediction" in doc["scope"]
     assert any("scaled from the sweep's 2 ranks" in n for n in doc["notes"])
 
 
@@ -82,7 +82,7 @@ def test_budgets(cli, tmp_path):
     status, out, err = cli("plan", "--model", moe_model(tmp_path / "b"), "--sweep",
                            str(sweep), *PLAN, "--budget-ttft-ms", "0.005")
     assert status == 0, err
-    assert "no layout meets the budget" in out and "communication only" in out
+    assert "no layout meets the budget" in out and "floors, not a prediction" in out
     assert "left out: tp=2 pp=1 dp=2 ep: engine vllm-v0 does not model --ep" in out
 
 
@@ -90,9 +90,11 @@ def test_csv_and_bad_input(cli, tmp_path):
     status, out, err = _plan(cli, tmp_path, "--format", "csv")
     assert status == 0, err
     lines = out.strip().splitlines()
-    assert lines[0] == ("tp,pp,dp,ep,prefill_us,decode_step_us,e2e_us,volume_bytes,"
-                        "meets_budget,crosses_nodes,weight_bytes_per_gpu,"
-                        "kv_cache_bytes_per_gpu,best")
+    assert lines[0] == ("tp,pp,dp,ep,prefill_us,decode_step_us,e2e_us,compute_prefill_us,"
+                        "compute_decode_step_us,compute_e2e_us,ttft_floor_us,tpot_floor_us,"
+                        "e2e_floor_us,volume_bytes,meets_budget,crosses_nodes,"
+                        "weight_bytes_per_gpu,kv_cache_bytes_per_gpu,"
+                        "activation_bytes_per_gpu,fits_memory,best")
     assert len(lines) == 7  # the header and 6 layouts
     # 4 GPUs at 2 a node span nodes, and the sweep has no rows across nodes.
     sweep = fake_sweep(tmp_path / "sweep2", FLAT)

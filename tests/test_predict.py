@@ -128,14 +128,17 @@ def test_predicted_pp2_pattern_by_hand(cli, tmp_path):
 
 
 def test_missing_collective_is_one_line(cli, tmp_path):
-    sweep = fake_sweep(tmp_path / "sweep", {"allreduce": (10.0, 0.01)})
+    # TP2's all-reduces carry the activations, and nothing stands in for an all-reduce
+    # (analysis/fits.py SUBSTITUTES); a sweep of sendrecv alone cannot price them.
+    sweep = fake_sweep(tmp_path / "sweep", {"sendrecv": (10.0, 0.01)})
     model = tiny_model(tmp_path)
     status, out, err = cli("predict", "--sweep", str(sweep), "--engine", "vllm-v0",
                            "--model", model, "--tp", "2",
                            "--prompt", "8", "--decode", "4")
     assert status == 2 and out == ""
     assert len(err.strip().splitlines()) == 1
-    assert "the sweep has no gather over 2 ranks (it has allreduce n=2)" in err
+    assert ("the sweep has no allreduce over 2 ranks (it has sendrecv n=2), and nothing that "
+            "stands in for it") in err
     status, _, err = cli("predict", "--sweep", str(sweep))
     assert status == 2 and "give the pattern options" in err
 

@@ -226,26 +226,45 @@ def scaled(fit: Fit, n: int) -> Fit:
                fit.max_bytes, fit.dropped, fit.group_size)
 
 
-# Collectives an all-gather of the same nccl-tests size stands in for when the sweep lacks
-# them (the notes say so). Per rank all three move (n-1)/n of that size (busbw.py: the same
-# bus-bandwidth factor), so the bandwidth term carries over. A reduce-scatter is the
-# all-gather's ring run backwards plus a sum (close, but the sum is not priced); an
-# all-to-all's latency is not a ring's n - 1 steps but n - 1 concurrent pairs: approximate.
-STAND_INS = frozenset({SweepOp.ALLTOALL, SweepOp.REDUCESCATTER})
+# What stands in for an op the sweep lacks, nearest first, priced at the same nccl-tests size
+# and group (the notes name the op). A reduce-scatter, an all-to-all and a gather move
+# (n-1)/n of that size per rank, as an all-gather does (busbw.py: the same bus-bandwidth
+# factor), so its bandwidth term carries over (a reduce-scatter is the all-gather's ring run
+# backwards plus a sum, not priced; an all-to-all's latency is n - 1 concurrent pairs, not a
+# ring's n - 1 steps: approximate). A broadcast (vLLM V1's pipeline stages broadcast the
+# sampled tokens, a few bytes) is priced as an all-reduce of its size: an all-reduce moves
+# at least what a broadcast does (its reduce-scatter and all-gather halves), so an upper
+# bound, and at a few bytes both are the library's latency. A one-way send is priced by the
+# stream where the sweep has no sendrecv. An all-reduce has no stand-in: it carries the
+# layers' activations, and a layout that needs one the sweep lacks is refused.
+SUBSTITUTES: dict[SweepOp, tuple[SweepOp, ...]] = {
+    SweepOp.REDUCESCATTER: (SweepOp.ALLGATHER, SweepOp.ALLREDUCE),
+    SweepOp.ALLTOALL: (SweepOp.ALLGATHER, SweepOp.REDUCESCATTER, SweepOp.ALLREDUCE),
+    SweepOp.GATHER: (SweepOp.ALLGATHER, SweepOp.ALLREDUCE),
+    SweepOp.ALLGATHER: (SweepOp.REDUCESCATTER, SweepOp.ALLREDUCE),
+    SweepOp.BROADCAST: (SweepOp.ALLREDUCE,),
+    SweepOp.SENDRECV: (SweepOp.STREAM,),
+}
+STAND_INS = frozenset(SUBSTITUTES)
+
+
+def _swept(fits: FitTable, op: SweepOp) -> list[int]:
+    return sorted(k[1] for k, f in fits.items()
+                  if k[0] == op.value and f.scaled_from is None and f.stand_in is None)
 
 
 def fit_for(fits: FitTable, op: SweepOp, n: int) -> Fit:
     if (op.value, n) in fits:
         return fits[(op.value, n)]
-    swept = sorted(k[1] for k, f in fits.items()
-                   if k[0] == op.value and f.scaled_from is None and f.stand_in is None)
-    if op in STAND_INS and not swept and any(
-            k[0] == SweepOp.ALLGATHER.value for k in fits):
-        base = fit_for(fits, SweepOp.ALLGATHER, n)
-        fits[(op.value, n)] = Fit(op.value, n, base.pieces, base.rms_rel_error, base.points,
-                                  base.min_bytes, base.max_bytes, base.dropped,
-                                  base.scaled_from, SweepOp.ALLGATHER.value)
-        return fits[(op.value, n)]
+    swept = _swept(fits, op)
+    if not swept:  # the nearest op the sweep has, at this size and group
+        base = next((b for b in SUBSTITUTES.get(op, ()) if _swept(fits, b)), None)
+        if base is not None:
+            fit = fit_for(fits, base, n)
+            fits[(op.value, n)] = Fit(op.value, n, fit.pieces, fit.rms_rel_error, fit.points,
+                                      fit.min_bytes, fit.max_bytes, fit.dropped,
+                                      fit.scaled_from, base.value)
+            return fits[(op.value, n)]
     if op in (SweepOp.SENDRECV, SweepOp.STREAM):  # a pair; a ring of more is next best
         if swept:
             return fits[(op.value, swept[0])]
@@ -254,8 +273,20 @@ def fit_for(fits: FitTable, op: SweepOp, n: int) -> Fit:
         fits[(op.value, n)] = scaled(fits[(op.value, nearest)], n)
         return fits[(op.value, n)]
     have = ", ".join(f"{o} n={g}" for o, g in sorted(fits)) or "nothing"
-    raise UsageError(f"the sweep has no {op} over {n} ranks (it has {have}); run "
-                     f"`infercomm sweep --op {op} --nproc {n}` or --from-pattern")
+    raise UsageError(f"the sweep has no {op} over {n} ranks (it has {have}), and nothing "
+                     f"that stands in for it; run `infercomm sweep --op {op} --nproc {n}` "
+                     "or --from-pattern")
+
+
+def stand_in_note(fits: FitTable, kind: SweepOp, n: int, notes: set[str]) -> None:
+    """One note per op the sweep lacks, naming it and what priced it (SUBSTITUTES)."""
+    if kind in STAND_INS:
+        fit = fit_for(fits, kind, n)
+        if fit.stand_in is not None:
+            notes.add(f"the sweep has no {kind}: each is priced as the sweep's "
+                      f"{fit.stand_in} at the same size and group (approximate; "
+                      "analysis/fits.py SUBSTITUTES); "
+                      f"sweep --op {kind} to measure it")
 
 
 @dataclass

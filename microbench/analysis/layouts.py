@@ -23,10 +23,11 @@ rank's), and only when a GPU's memory is given: communication is what is priced.
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from microbench.analysis.fits import Topology
+from microbench.analysis.hardware import MemoryNeed, activation_bytes
 from microbench.analysis.predict import predict_pattern
 from microbench.argtypes import UsageError
 from microbench.views.textfmt import format_bytes
@@ -55,6 +56,20 @@ class Budget:
                 and (self.tpot_us is None or decode_step_us <= self.tpot_us))
 
 
+OBJECTIVES = {"ttft": "prefill", "tpot": "decode step", "e2e": "end to end"}
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What `plan` needs of the GPU beside the sweeps: its name (analysis/hardware.py), the
+    bytes a rank may fill (None: not checked) and the tokens of vLLM's memory profile."""
+
+    gpu: str = "h100"
+    memory_limit: int | None = None
+    step_tokens: int = 8192
+    objective: str = "e2e"
+
+
 @dataclass(frozen=True)
 class Priced:
     shape: Shape
@@ -65,19 +80,45 @@ class Priced:
     meets_budget: bool
     crosses_nodes: bool
     notes: tuple[str, ...]
-    # The fullest rank's weights and KV cache of the batch (patterns/weights.py).
+    # The fullest rank's weights, KV cache of the batch and activation reserve.
     weight_bytes: int = 0
     kv_cache_bytes: int = 0
+    activation_bytes: int = 0
+    fits_memory: bool = True
+    # The roofline floors of the same figures (analysis/compute.py).
+    compute_prefill_us: float = 0.0
+    compute_decode_step_us: float = 0.0
+    compute_e2e_us: float = 0.0
     best: bool = False
 
+    @property
+    def memory_bytes(self) -> int:
+        return self.weight_bytes + self.kv_cache_bytes + self.activation_bytes
+
+    def totals(self) -> dict[str, float]:
+        """Communication and compute floors added, per objective."""
+        return {"ttft": self.prefill_us + self.compute_prefill_us,
+                "tpot": self.decode_step_us + self.compute_decode_step_us,
+                "e2e": self.e2e_us + self.compute_e2e_us}
+
     def as_dict(self) -> dict[str, Any]:
+        totals = self.totals()
         return {"tp": self.shape.tp, "pp": self.shape.pp, "dp": self.shape.dp,
                 "ep": self.shape.ep, "prefill_us": round(self.prefill_us, 3),
                 "decode_step_us": round(self.decode_step_us, 3),
-                "e2e_us": round(self.e2e_us, 3), "volume_bytes": self.volume_bytes,
+                "e2e_us": round(self.e2e_us, 3),
+                "compute_prefill_us": round(self.compute_prefill_us, 3),
+                "compute_decode_step_us": round(self.compute_decode_step_us, 3),
+                "compute_e2e_us": round(self.compute_e2e_us, 3),
+                "ttft_floor_us": round(totals["ttft"], 3),
+                "tpot_floor_us": round(totals["tpot"], 3),
+                "e2e_floor_us": round(totals["e2e"], 3),
+                "volume_bytes": self.volume_bytes,
                 "meets_budget": self.meets_budget, "crosses_nodes": self.crosses_nodes,
                 "weight_bytes_per_gpu": self.weight_bytes,
-                "kv_cache_bytes_per_gpu": self.kv_cache_bytes, "best": self.best}
+                "kv_cache_bytes_per_gpu": self.kv_cache_bytes,
+                "activation_bytes_per_gpu": self.activation_bytes,
+                "fits_memory": self.fits_memory, "best": self.best}
 
 
 def _divisors(n: int) -> list[int]:
@@ -123,7 +164,8 @@ def valid_layouts(model: ModelConfig, gpus: int) -> tuple[list[Shape], list[str]
 
 
 def price(pattern: Pattern, shape: Shape, topology: Topology, budget: Budget,
-          memory: tuple[int, int] = (0, 0)) -> Priced:
+          hardware: Hardware = Hardware()) -> Priced:
+    """One layout's communication (predict, in the engine's order), memory and compute."""
     topology.reset()
     predicted, notes = predict_pattern(pattern, topology, token_order=True)
     if shape.dp > 1 and not shape.ep:
@@ -132,19 +174,43 @@ def price(pattern: Pattern, shape: Shape, topology: Topology, budget: Budget,
                  "deployment's, and each replica serves its own batch"]
     prefill, step = predicted["prefill_us"], predicted.get("decode_step_us", 0.0)
     from microbench.analysis.workload import plan_figures
-    prefill, step, predicted = plan_figures(pattern, topology, prefill, step, predicted)
-    return Priced(shape, prefill, step, predicted["e2e_us"],
-                  as_number(volume_bytes(pattern)["total"]), budget.met(prefill, step),
-                  "inter" in topology.used, tuple(notes), *memory)
+    prefill, step, predicted, floors = plan_figures(pattern, topology, prefill, step,
+                                                    predicted, hardware.gpu)
+    need = memory_need(pattern, hardware)
+    priced = Priced(shape, prefill, step, predicted["e2e_us"],
+                    as_number(volume_bytes(pattern)["total"]), False,
+                    "inter" in topology.used, tuple(notes), need.weights, need.kv_cache,
+                    need.activations, hardware.memory_limit is None
+                    or need.total <= hardware.memory_limit, *floors)
+    totals = priced.totals()
+    return replace(priced, meets_budget=budget.met(totals["ttft"], totals["tpot"]))
+
+
+def memory_need(pattern: Pattern, hardware: Hardware) -> MemoryNeed:
+    """The fullest rank's weights, KV cache (the batch's, or a workload's peak) and
+    activation reserve (analysis/hardware.py)."""
+    model, workload = pattern.model, pattern.workload
+    dtype = workload.dtype or model.default_dtype
+    from microbench.analysis.workload import kv_tokens
+    weights, cache = gpu_memory_bytes(model, pattern.layout, dtype, kv_tokens(pattern))
+    return MemoryNeed(weights, cache, activation_bytes(model, pattern.layout.tp, dtype,
+                                                       hardware.step_tokens))
+
+
+def unfit_text(p: Priced, limit: int, model: ModelConfig, dtype: str) -> str:
+    stored = f"{model.weight_format} checkpoint" if model.weight_format else dtype
+    need = MemoryNeed(p.weight_bytes, p.kv_cache_bytes, p.activation_bytes)
+    return (f"{label(p.shape)}: {need.text(stored)} need "
+            f"{format_bytes(need.total)}, more than the {format_bytes(limit)} allowed")
 
 
 def plan(model: ModelConfig, gpus: int, make_pattern: Callable[[Layout], Pattern],
-         topology: Topology, budget: Budget, gpu_memory_bytes_limit: int | None = None,
+         topology: Topology, budget: Budget, hardware: Hardware = Hardware(),
          ) -> tuple[list[Priced], list[str]]:
-    """Every valid layout priced, best first: those meeting the budget before the others,
-    then by end to end, then by volume. The first is marked best. With
-    `gpu_memory_bytes_limit`, a layout whose fullest rank's weights and KV cache of the batch
-    exceed it is left out, said with its figures."""
+    """Every valid layout priced, best first: those that fit in memory, then those meeting
+    the budget, then by the objective's floor (communication plus compute), then by volume.
+    The first that fits is marked best; those that do not fit stay in the list, after the
+    others, with `fits_memory` False (never best)."""
     kept, refused = valid_layouts(model, gpus)
     priced = []
     for shape in kept:
@@ -153,19 +219,8 @@ def plan(model: ModelConfig, gpus: int, make_pattern: Callable[[Layout], Pattern
         except ConfigError as err:
             refused.append(f"{label(shape)}: {err}")
             continue
-        workload = pattern.workload
-        dtype = workload.dtype or model.default_dtype
-        tokens = max(workload.dp_batches or (workload.batch,)) * (
-            workload.prompt + workload.decode)
-        memory = gpu_memory_bytes(model, pattern.layout, dtype, tokens)
-        if gpu_memory_bytes_limit is not None and sum(memory) > gpu_memory_bytes_limit:
-            stored = f"{model.weight_format} checkpoint" if model.weight_format else dtype
-            refused.append(f"{label(shape)}: weights {format_bytes(memory[0])} ({stored}) and "
-                           f"KV cache {format_bytes(memory[1])} a GPU need more than the "
-                           f"{format_bytes(gpu_memory_bytes_limit)} allowed")
-            continue
-        try:  # a call the sweeps cannot price (an op they lack) leaves this layout out
-            priced.append(price(pattern, shape, topology, budget, memory))
+        try:  # a call the sweeps cannot price, with no stand-in, leaves this layout out
+            priced.append(price(pattern, shape, topology, budget, hardware))
         except UsageError as err:
             refused.append(f"{label(shape)}: not priced: {err}")
     if not priced:
@@ -177,8 +232,9 @@ def plan(model: ModelConfig, gpus: int, make_pattern: Callable[[Layout], Pattern
                              f"({model.num_local_experts})" if model.is_moe else "")
                           + (f"; the engine or the sweeps refused the others ({refused[-1]})"
                              if kept else ""))
-    priced.sort(key=lambda p: (not p.meets_budget, p.e2e_us, p.volume_bytes, p.shape.pp,
-                               p.shape.dp, p.shape.ep))
-    best = priced[0]
-    priced[0] = Priced(**{**best.__dict__, "best": True})
+    key = hardware.objective
+    priced.sort(key=lambda p: (not p.fits_memory, not p.meets_budget, p.totals()[key],
+                               p.volume_bytes, p.shape.pp, p.shape.dp, p.shape.ep))
+    if priced[0].fits_memory:
+        priced[0] = replace(priced[0], best=True)
     return priced, refused

@@ -46,11 +46,11 @@ from typing import Any
 
 from microbench.analysis.fits import (
     LARGE_RMS,
-    STAND_INS,
     Fit,
     FitTable,
     Topology,
     fit_for,
+    stand_in_note,
 )
 from microbench.argtypes import UsageError
 from microbench.sweep.busbw import SweepOp, pattern_message
@@ -147,6 +147,7 @@ class Costs:
                 [[rank_of(layout, dp_rank, stage, t), rank_of(layout, dp_rank, peer, t)]
                  for t in range(layout.tp)])
             self._note(fits, op)
+            stand_in_note(fits, SweepOp.SENDRECV, 2, self.topology.notes)
             if any(k[0] == SweepOp.STREAM.value for k in fits):
                 self._note(fits, op, SweepOp.STREAM)
             return Cost(op.kind.value, gap_us(fits, op), call_time_us(fits, op), peer)
@@ -157,14 +158,7 @@ class Costs:
                 f"{op.tag} ({op.kind} over the {op.group} group of {op.group_size}) runs on "
                 "gloo (CPU) in the engine; it is priced from the sweep's own backend, as "
                 "replay issues it")
-        kind = pattern_message(op)[0]
-        if kind in STAND_INS:
-            fit = fit_for(fits, kind, op.group_size)
-            if fit.stand_in is not None:
-                self.topology.notes.add(
-                    f"{kind} over {op.group_size} ranks: the sweep has no {kind}; priced as "
-                    f"a {fit.stand_in} of the same size (the same bytes per rank; "
-                    f"approximate): sweep --op {kind} to measure it")
+        stand_in_note(fits, pattern_message(op)[0], op.group_size, self.topology.notes)
         # An uneven all-gather or reduce-scatter (Op.counts) is priced by its total, as
         # pattern_message sizes it: vLLM's all_gatherv / reduce_scatterv issue one
         # broadcast / reduce per part (pynccl.py), so each part crosses every link once and

@@ -67,13 +67,59 @@ def workload_lines(w: dict[str, Any], measured: dict[str, Any] | None = None) ->
     return lines
 
 
+def kv_tokens(pattern: Pattern) -> int:
+    """Tokens a DP rank caches at its fullest: a batch's B x (Sp + Sd) (the largest DP
+    rank's under --dp-batches); a workload's peak over its steps of the prompt and output of
+    every request admitted and not yet finished (each counted at its full length)."""
+    schedule = getattr(pattern, "schedule", None)
+    if schedule is None:
+        w = pattern.workload
+        return max(w.dp_batches or (w.batch,)) * (w.prompt + w.decode)
+    events: dict[int, int] = {}
+    for span, request in zip(schedule.spans, pattern.requests, strict=True):
+        start = span.prefill[0]
+        end = max(span.prefill[1], span.decode[1])
+        size = request.prompt + request.output
+        events[start] = events.get(start, 0) + size
+        events[end] = events.get(end, 0) - size
+    peak = held = 0
+    for step in sorted(events):
+        held += events[step]
+        peak = max(peak, held)
+    return peak
+
+
 def plan_figures(pattern: Pattern, topology: Topology, prefill: float, step: float,
-                 predicted: dict[str, float]) -> tuple[float, float, dict[str, float]]:
-    """What `plan` ranks a layout by. Over a workload (--requests): the p90 over requests
-    of the communication under TTFT and per TPOT step, and all its steps' communication end
-    to end; any other pattern keeps its prefill, decode step and end to end."""
+                 predicted: dict[str, float], gpu: str,
+                 ) -> tuple[float, float, dict[str, float], tuple[float, float, float]]:
+    """What `plan` ranks a layout by, and the compute floors of the same three figures
+    (analysis/compute.py). Over a workload (--requests): the p90 over requests of the
+    communication under TTFT and per TPOT step, all its steps' communication end to end,
+    and the floors of the same (each step's own floor, summed and averaged alike); any other
+    pattern keeps its prefill, decode step and end to end, with the floors of its batch."""
+    from microbench.analysis.compute import compute_floor, step_floor_us
+    model, layout = pattern.model, pattern.layout
+    dtype = pattern.workload.dtype or model.default_dtype
     w = predict_workload(pattern, topology)
     if w is None:
-        return prefill, step, predicted
+        work = pattern.workload
+        batch = max(work.dp_batches or (work.batch,))
+        floor = compute_floor(model, layout, dtype, gpu, batch, work.prompt, work.decode)
+        return prefill, step, predicted, (
+            floor.prefill_us, floor.decode_step_us,
+            floor.prefill_us + work.decode_steps * floor.decode_step_us)
+    requests = pattern.requests
+    context = sum(r.prompt + r.output / 2 for r in requests) / len(requests)
+    schedule = pattern.schedule
+    per_step = []
+    for seg in schedule.segments:
+        shape = seg.shape
+        chunk = shape.prefill_tokens / shape.prefill_seqs if shape.prefill_seqs else 0
+        per_step.append(step_floor_us(model, layout, dtype, gpu, shape.prefill_tokens,
+                                      shape.prefill_tokens * chunk / 2,
+                                      shape.decode_seqs * shape.decode_tokens, context))
+    pct = summary(request_figures(schedule, lambda i: per_step[i]))
+    total = sum(t * seg.repeat for t, seg in zip(per_step, schedule.segments, strict=True))
     return (w["ttft_comm_us"]["p90"] or 0.0, w["tpot_comm_us"]["p90"] or 0.0,
-            {**predicted, "e2e_us": w["all_steps_us"]})
+            {**predicted, "e2e_us": w["all_steps_us"]},
+            (pct["ttft"]["p90"] or 0.0, pct["tpot"]["p90"] or 0.0, total))

@@ -1,18 +1,17 @@
 """`infercomm plan`: every layout of N GPUs for a model, priced by its communication alone."""
 
 import argparse
-import csv
-import io
 import json
 import sys
 from typing import Any
 
+from microbench.analysis.hardware import GPU_SPECS, memory_limit
 from microbench.argtypes import UsageError, positive_int
 from microbench.cli.pattern_args import add_pattern_arguments, pattern_from_args
-from microbench.views.textfmt import format_bytes, format_us, render_table
 
-SCOPE = ("communication only: each figure is the floor its calls put under TTFT (prefill) and "
-         "TPOT (decode step), which no kernel can remove; compute is not predicted; decode "
+SCOPE = ("floors, not a prediction of the engine: communication (prefill, decode step, end to "
+         "end) is what the sweeps say the layout's calls put under TTFT and TPOT; compute is "
+         "the roofline of --gpu's peak FLOP/s and HBM bandwidth; ranked by their sum; decode "
          "steps wait for the previous step's token, as in the engine")
 
 EXAMPLES = """\
@@ -28,11 +27,14 @@ listed as left out) is predicted as `infercomm predict` does (the critical path 
 stages, the slowest DP rank), in the engine's order: a decode step starts once the previous
 step's token is sampled (one batch). Ranks sit as launchers place them: consecutive ranks
 per node, TP innermost, then PP, then DP, so a TP, DP or EP group wider than a node, or a PP
-hop between nodes, takes the --sweep-inter fits. Sorted best first: layouts that meet the
-budgets, then by end to end time, then by volume. Each shows the memory its fullest rank
-needs, weights and the batch's KV cache (patterns/weights.py; activations and CUDA graphs
-not counted); --gpu-memory GIB leaves out those that do not fit in 0.9 of it
-(--gpu-memory-utilization, as vLLM).
+hop between nodes, takes the --sweep-inter fits. Beside each layout's communication, its
+compute floor: a roofline from --gpu's peak dense FLOP/s and HBM bandwidth (analysis/
+compute.py). Sorted best first: layouts that fit in memory, that meet the budgets, then by
+the --objective's floor (communication + compute), then by volume; the top 5 say why each
+lost. Memory is checked against --gpu's (h100 80 GiB, h200 141, b200 192, a100 80;
+--gpu-memory overrides) at --gpu-memory-utilization 0.9, as vLLM: the fullest rank's
+weights, KV cache and activation reserve (analysis/hardware.py); those that do not fit are
+listed apart with their figures, never best.
 """
 
 
@@ -57,9 +59,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--budget-tpot-ms", type=float, default=None, metavar="MS",
                        help="communication budget of a decode step (TPOT share)")
     group.add_argument("--gpu-memory", type=float, default=None, metavar="GIB",
-                       help="GiB of memory a GPU has (80 for an H100, 141 for an H200): "
-                            "layouts whose weights and KV cache of the batch do not fit in "
-                            "--gpu-memory-utilization of it are left out")
+                       help="GiB of memory a GPU has (default: --gpu's, h100 80, h200 141, "
+                            "b200 192, a100 80): layouts whose weights, KV cache and "
+                            "activations do not fit in --gpu-memory-utilization of it are "
+                            "listed apart, never best")
+    group.add_argument("--objective", choices=("ttft", "tpot", "e2e"), default="e2e",
+                       help="the floor layouts are ranked by: TTFT (prefill), TPOT (decode "
+                            "step) or end to end (default), communication + compute")
     group.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F",
                        help="the share of --gpu-memory the engine may use (vLLM's "
                             "--gpu-memory-utilization, default 0.9)")
@@ -90,65 +96,35 @@ def _budget_us(flag: str, value: float | None) -> float | None:
     return value * 1e3
 
 
+def memory_gib(args: argparse.Namespace) -> float:
+    return GPU_SPECS[args.gpu].memory_gib if args.gpu_memory is None else args.gpu_memory
+
+
+def check_nodes(gpus: int, per_node: int) -> None:
+    if gpus > per_node and gpus % per_node:
+        raise UsageError(f"--gpus {gpus} is not a whole number of nodes of --gpus-per-node "
+                         f"{per_node} (its last node would hold {gpus % per_node}); give a "
+                         f"multiple of {per_node}, e.g. --gpus {gpus - gpus % per_node}")
+
+
 def document(args: argparse.Namespace, priced: list[Any], refused: list[str],
              notes: list[str]) -> dict[str, Any]:
     return {"model": args.model, "gpus": args.gpus, "gpus_per_node": args.gpus_per_node,
             "prompt": args.prompt, "decode": args.decode, "batch": args.batch,
             "engine": args.engine, "sweep": args.sweep, "sweep_inter": args.sweep_inter,
             "budget_ttft_ms": args.budget_ttft_ms, "budget_tpot_ms": args.budget_tpot_ms,
-            "gpu_memory_gib": args.gpu_memory,
-            "gpu_memory_utilization": args.gpu_memory_utilization, "scope": SCOPE,
+            "gpu": args.gpu, "gpu_memory_gib": memory_gib(args),
+            "gpu_memory_utilization": args.gpu_memory_utilization,
+            "memory_limit_bytes": memory_limit(args.gpu, args.gpu_memory,
+                                               args.gpu_memory_utilization),
+            "objective": args.objective, "scope": SCOPE,
             "layouts": [p.as_dict() for p in priced], "refused": refused, "notes": notes,
             "requests": getattr(args, "requests", None)}
 
 
-def table(doc: dict[str, Any], priced: list[Any]) -> str:
-    budgeted = doc["budget_ttft_ms"] is not None or doc["budget_tpot_ms"] is not None
-    header = ["", "tp", "pp", "dp", "ep", "prefill", "decode step", "end to end", "volume",
-              "memory/GPU", "nodes"] + (["budget"] if budgeted else [])
-    rows = []
-    for p in priced:
-        row = ["best" if p.best else "", str(p.shape.tp), str(p.shape.pp), str(p.shape.dp),
-               "yes" if p.shape.ep else "no", format_us(p.prefill_us),
-               format_us(p.decode_step_us), format_us(p.e2e_us),
-               format_bytes(float(p.volume_bytes)),
-               format_bytes(float(p.weight_bytes + p.kv_cache_bytes)),
-               "spans" if p.crosses_nodes else "one"]
-        if budgeted:
-            row.append("meets" if p.meets_budget else "over")
-        rows.append(row)
-    budgets = [f"{name} {doc[key]} ms" for name, key in
-               (("TTFT", "budget_ttft_ms"), ("TPOT", "budget_tpot_ms")) if doc[key] is not None]
-    what = (f"prompt {doc['prompt']}, decode {doc['decode']}, batch {doc['batch']}"
-            if not doc.get("requests") else f"requests {doc['requests']} (prefill, decode "
-            "step: p90 over requests of the communication under TTFT and per TPOT step)")
-    lines = [f"plan: {doc['model']} on {doc['gpus']} GPUs ({doc['gpus_per_node']} per node), "
-             f"{what}, engine {doc['engine']}" + (f"; budget {', '.join(budgets)}" if budgets
-                                                  else ""),
-             f"from sweep {doc['sweep']}" + (f", inter-node sweep {doc['sweep_inter']}"
-                                              if doc["sweep_inter"] else ""),
-             SCOPE, "",
-             render_table(header, rows, right_align=set(header) - {"", "ep", "nodes",
-                                                                     "budget"})]
-    if budgeted and not priced[0].meets_budget:
-        lines.append("no layout meets the budget; best is the fastest end to end")
-    lines += [f"left out: {r}" for r in doc["refused"]]
-    lines += [f"note: {n}" for n in doc["notes"]]
-    return "\n".join(lines)
-
-
-def csv_rows(priced: list[Any]) -> str:
-    out = io.StringIO()
-    rows = [p.as_dict() for p in priced]
-    writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return out.getvalue().rstrip("\n")
-
-
 def run(args: argparse.Namespace) -> int:
     from microbench.analysis.fits import topology_from, unstable_sizes
-    from microbench.analysis.layouts import Budget, plan
+    from microbench.analysis.layouts import Budget, Hardware, plan
     from microbench.cli.predict import load_sweep
     from microbench.results.runs import sweep_table
     from patterns import resolve_model
@@ -166,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
     if args.gpus > MAX_GPUS:
         raise UsageError(f"--gpus {args.gpus:,} is beyond any deployment of one model; plan "
                          f"prices at most {MAX_GPUS:,} ranks")
+    check_nodes(args.gpus, args.gpus_per_node)
     model = resolve_model(args.model)
     sweep = load_sweep("--sweep", args.sweep)
     inter = load_sweep("--sweep-inter", args.sweep_inter) if args.sweep_inter else None
@@ -177,29 +154,33 @@ def run(args: argparse.Namespace) -> int:
     from microbench.analysis.algo_costs import with_algorithm
     topology = with_algorithm(topology, args.allreduce_algo)
 
+    from microbench.analysis.hardware import step_token_budget
     from microbench.analysis.kv_plan import COLOCATED
+    from patterns.engine_base import ENGINE_INFO
+    # --gpu also names the hardware of the floors and the memory check; an engine profile
+    # that does not read it (vllm-v0, trtllm, megatron) gets the default, as it would ignore it
+    engine_gpu = args.gpu if "gpu" in ENGINE_INFO[args.engine].options else "h100"
 
     def make_pattern(layout: Any) -> Any:
-        return pattern_from_args(argparse.Namespace(**{**vars(args), **COLOCATED},
+        return pattern_from_args(argparse.Namespace(**{**vars(args), **COLOCATED,
+                                                       "gpu": engine_gpu},
                                                     tp=layout.tp, pp=layout.pp,
                                                     dp=layout.dp, ep=layout.ep,
                                                     dp_batches=None))
 
-    priced, refused = plan(model, args.gpus, make_pattern, topology, budget,
-                           None if memory is None else int(memory * share * (1 << 30)))
+    limit = memory_limit(args.gpu, memory, share)
+    hardware = Hardware(args.gpu, limit,
+                        step_token_budget(args.gpu, args.max_batched_tokens), args.objective)
+    priced, refused = plan(model, args.gpus, make_pattern, topology, budget, hardware)
     notes = sorted({n for p in priced for n in p.notes})
     notes += unstable_sizes(sweep_table(sweep))  # analysis/fits.py: UNSTABLE_FACTOR
-    if memory is None:
-        notes.append("memory is not checked: a layout whose weights and KV cache do not fit "
-                     "a GPU is listed too (--gpu-memory GIB leaves those out; memory/GPU "
-                     "column)")
     doc = document(args, priced, refused, notes)
     disagg_text = ""
-    if args.disagg is not None:  # disaggregated candidates beside (microbench/kvtransfer)
+    if args.disagg is not None:  # disaggregated candidates beside (analysis/kv_plan.py)
         from microbench.analysis.kv_plan import add_disagg_plan
-        disagg_text = add_disagg_plan(doc, args, model, topology, budget, priced,
-                        None if memory is None else int(memory * share * (1 << 30)),
-                        sweep_table(sweep), sweep_table(inter) if inter else None)
+        disagg_text = add_disagg_plan(doc, args, model, topology, budget, priced, limit,
+                                      sweep_table(sweep), sweep_table(inter) if inter else None)
+    from microbench.views.plan import csv_rows, plan_text
     if args.format == "json":
         print(json.dumps(doc, separators=(",", ":")))
     elif args.format == "csv":
@@ -207,13 +188,14 @@ def run(args: argparse.Namespace) -> int:
         for n in notes:
             sys.stderr.write(f"infercomm plan: note: {n}\n")
     else:
-        print(table(doc, priced) + disagg_text)
+        print(plan_text(doc, priced, SCOPE) + disagg_text)
         # the last line for tools, short: the whole document is --format json
         best = next((p for p in priced if p.best), None)
         print(json.dumps({"model": args.model, "gpus": args.gpus, "layouts": len(priced),
-                          "refused": len(refused),
+                          "fit": sum(p.fits_memory for p in priced), "refused": len(refused),
                           "best": None if best is None else
                           {"tp": best.shape.tp, "pp": best.shape.pp, "dp": best.shape.dp,
-                           "ep": best.shape.ep, "e2e_us": round(best.e2e_us, 3)}},
+                           "ep": best.shape.ep, f"{args.objective}_floor_us":
+                           round(best.totals()[args.objective], 3)}},
                          separators=(",", ":")))
     return 0

@@ -1,0 +1,133 @@
+"""Compute floors: the least time a layout's GPUs need for a step's arithmetic and memory
+traffic (a roofline from --gpu's peak dense FLOP/s and HBM bandwidth, analysis/hardware.py),
+shown beside the communication floor that `plan` predicts from the sweeps.
+
+A floor, not a prediction of the engine: each stage of a step takes
+max(FLOPs / peak, bytes / bandwidth) on one of its ranks (TP ranks work in parallel, each on
+its shard), and one batch walks the stages one after the other, so a step's floor is the sum
+over stages (a pipeline's per-token cost). Kernels reach a fraction of either peak, so the
+engine is slower than this; what the floor shows is what no kernel can go below.
+
+- Prefill of B prompts of Sp tokens: 2 x (the rank's active parameters) x B x Sp FLOPs, plus
+  causal attention, 4 FLOPs per (query, key) pair, head and head_dim (QK^T and PV, 2 each)
+  over the Sp^2 / 2 pairs the causal mask keeps, per layer; the rank's weights read once.
+- A decode step of B sequences at the mean context L = Sp + Sd / 2 (the average over the
+  decode, so that Sd - 1 steps at it make the decode's floor): 2 x active parameters x B
+  plus 4 x B x L x heads x head_dim per layer; it reads the rank's weights and the KV cache
+  of B x L tokens (patterns/weights.py's per-token bytes). A MoE rank reads the share of its
+  routed experts the step's tokens can reach, min(1, tokens x top-k / experts), where tokens
+  is the rank's routing group's: B, or dp x B under EP.
+- Active parameters: every dense one on the rank, and of the routed experts top-k experts'
+  worth per token split over TP (under EP, dp x tp ranks share dp x B tokens: the same
+  B x top-k / tp per rank on average). The input embedding is a lookup: neither FLOPs nor
+  a full read. An fp8 checkpoint runs at the fp8 peak, any other at bf16's.
+"""
+
+from dataclasses import dataclass
+from functools import cache
+
+from microbench.analysis.hardware import GPU_SPECS
+from patterns.dtypes import DTYPE_BYTES
+from patterns.layout import Layout
+from patterns.models import ModelConfig
+from patterns.vllm_rules import padded_vocab, stage_layer_counts
+from patterns.weights import (
+    LayerWeights,
+    _bytes,
+    _head_dim,
+    kv_bytes_per_token_layer,
+    layer_weights,
+)
+
+
+@dataclass(frozen=True)
+class StageWork:
+    """One rank of one stage: what a token costs it."""
+
+    layers: int
+    dense_params: float  # every non-routed parameter used per token (LM head included)
+    routed_active: float  # routed expert parameters one token uses on this rank
+    dense_bytes: float  # bytes of the weights every step reads
+    routed_bytes: float  # bytes of the rank's routed experts
+    routed_experts: int  # experts whose share the rank holds (the fraction read is of these)
+    heads: int  # attention heads on the rank
+
+
+@dataclass(frozen=True)
+class ComputeFloor:
+    prefill_us: float
+    decode_step_us: float
+
+
+def stage_work(model: ModelConfig, layout: Layout, dtype: str) -> list[StageWork]:
+    tp, b = layout.tp, DTYPE_BYTES[dtype]
+    ep_size = layout.dp * tp if layout.ep else 1
+    vocab_rank = padded_vocab(model.vocab_size) * model.hidden_size / tp
+    out, first = [], 0
+    for stage, count in enumerate(stage_layer_counts(model.num_hidden_layers, layout.pp)):
+        dense = routed = dense_bytes = routed_bytes = 0.0
+        for layer in range(first, first + count):
+            w = layer_weights(model, layer, tp, ep_size)
+            routed_rank = 0.0
+            if model.is_moe_layer(layer):
+                inter = model.moe_intermediate_size or model.intermediate_size
+                experts = model.num_local_experts
+                held = -(-experts // ep_size) if ep_size > 1 else experts / tp
+                routed_rank = held * 3 * model.hidden_size * inter
+                routed += model.num_experts_per_tok * 3 * model.hidden_size * inter / tp
+            kept = LayerWeights(w.linear, w.experts - routed_rank, w.plain)
+            dense += kept.linear + kept.experts + kept.plain
+            dense_bytes += _bytes(model, kept, b)
+            routed_bytes += _bytes(model, LayerWeights(0.0, routed_rank, 0.0), b)
+        first += count
+        if stage == layout.pp - 1:  # the LM head: used and read every step
+            dense += vocab_rank
+            dense_bytes += vocab_rank * b
+        experts = model.num_local_experts if model.is_moe else 0
+        out.append(StageWork(count, dense, routed, dense_bytes, routed_bytes,
+                             experts, max(model.num_attention_heads // tp, 1)))
+    return out
+
+
+def _peak(model: ModelConfig, gpu: str) -> float:
+    spec = GPU_SPECS[gpu]
+    return spec.fp8_flops if model.weight_format == "fp8" else spec.bf16_flops
+
+
+def step_floor_us(model: ModelConfig, layout: Layout, dtype: str, gpu: str,
+                  prefill_tokens: int, prefill_pairs: float, decode_seqs: int,
+                  context: float) -> float:
+    """One step's floor through every stage (module doc): `prefill_tokens` prompt tokens
+    whose causal attention covers `prefill_pairs` (query, key) pairs, and `decode_seqs`
+    sequences decoding one token each at a mean context of `context` tokens."""
+    peak, bandwidth = _peak(model, gpu), GPU_SPECS[gpu].hbm_bytes_per_s
+    d = _head_dim(model)
+    kv_token = kv_bytes_per_token_layer(model, layout.tp, dtype)
+    tokens = prefill_tokens + decode_seqs
+    routing = tokens * (layout.dp if layout.ep else 1)
+    total = 0.0
+    for s in _work(model, layout, dtype):
+        reached = min(1.0, routing * model.num_experts_per_tok / s.routed_experts
+                      ) if s.routed_experts else 0.0
+        flops = (2 * (s.dense_params + s.routed_active) * tokens
+                 + (4 * prefill_pairs + 4 * decode_seqs * context) * s.heads * d * s.layers)
+        read = (s.dense_bytes + reached * s.routed_bytes
+                + decode_seqs * context * kv_token * s.layers)
+        total += max(flops / peak, read / bandwidth)
+    return total * 1e6
+
+
+def compute_floor(model: ModelConfig, layout: Layout, dtype: str, gpu: str, batch: int,
+                  prompt: int, decode: int) -> ComputeFloor:
+    """The prefill's and the mean decode step's floor (module doc), in microseconds, for a
+    DP replica of `batch` requests: the prefill's causal attention covers Sp^2 / 2 pairs a
+    prompt; a decode step's context is Sp + Sd / 2."""
+    prefill = step_floor_us(model, layout, dtype, gpu, batch * prompt,
+                            batch * prompt ** 2 / 2, 0, 0.0)
+    step = step_floor_us(model, layout, dtype, gpu, 0, 0.0, batch, prompt + decode / 2)
+    return ComputeFloor(prefill, step)
+
+
+@cache
+def _work(model: ModelConfig, layout: Layout, dtype: str) -> tuple[StageWork, ...]:
+    return tuple(stage_work(model, layout, dtype))
