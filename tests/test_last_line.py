@@ -8,7 +8,7 @@ from tests.conftest import last_json
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "tests" / "fixtures" / "traces" / "nccl_interleaved_tp2.log"
-SWEEP = ROOT / "results" / "examples" / "plan-sweeps" / "20261123T114427Z-intra-shm"
+SWEEP = ROOT / "results" / "examples" / "plan-sweeps" / "20261125T163229Z-intra-shm"
 
 
 def test_trace_table_ends_with_its_totals(cli):

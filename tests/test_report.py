@@ -135,15 +135,16 @@ def test_a_replay_whose_config_moved_still_reports(cli, tmp_path):
 
 
 def test_a_sweep_lacking_an_op_is_a_note_not_a_failure(cli, tmp_path):
-    # The TP2 replay issues all-reduces and a gather; a sweep of all-reduces alone cannot
-    # price the gather, so its prediction is left out with the sweep to run, page written.
+    # The TP2 replay issues all-reduces and a gather; a sweep of sendrecv alone cannot
+    # price the all-reduces (nothing stands in for one: analysis/fits.py SUBSTITUTES), so
+    # its prediction is left out with the sweep to run, page written.
     from tests.test_predict import fake_sweep
-    sweep = fake_sweep(tmp_path / "sweep", {"allreduce": (10.0, 0.0)})
+    sweep = fake_sweep(tmp_path / "sweep", {"sendrecv": (10.0, 0.0)})
     out = tmp_path / "report.html"
     status, stdout, err = cli("report", RUNS[1], "--sweep", str(sweep), "-o", str(out))
     assert status == 0, err
     page = out.read_text()
-    assert "mpi-host, MPICH 5.0.2: not predicted: the sweep has no gather over 2 ranks" in page
+    assert "mpi-host, MPICH 5.0.2: not predicted: the sweep has no allreduce over 2 ranks" in page
     assert "predicted_vs_measured" not in last_json(stdout)["figures"]
 
 

@@ -110,21 +110,26 @@ def test_plan_leaves_out_what_does_not_fit(cli, tmp_path):
     # weights 4 x (2 x 64^2 + 3 x 64 x 256 / 2 + 128) + 131,072 / 2 + 64 = 197,184
     # parameters, 394,368 B, KV half, 6,144 B. PP2's fuller stage, the last: 2 x 65,664 +
     # 65,536 + 64 = 196,928 parameters, 393,856 B, KV 2 layers, 6,144 B. A GPU allowed
-    # 400 KiB (409,600 B: --gpu-memory x 0.9) keeps those, not the replicas.
-    gib = 409_600 / 0.9 / 2**30
+    # Activations of a 16-token step (--max-batched-tokens 16): 16 x (2 x 64 + 3 x 256 / tp)
+    # x 2 B = 28,672 B at TP1, 16,384 at TP2. A GPU allowed 450 KiB (460,800 B: --gpu-memory
+    # x 0.9) keeps TP2 x DP2 (416,896 B) and PP2 x DP2 (428,672), not the replicas of one
+    # rank (828,544), which are listed apart with their figures, never best.
+    gib = 460_800 / 0.9 / 2**30
     status, out, err = cli("plan", "--model", model, "--sweep", str(sweep), *PLAN,
-                           "--gpu-memory", str(gib), "--format", "json")
+                           "--gpu-memory", str(gib), "--max-batched-tokens", "16",
+                           "--format", "json")
     assert status == 0, err
     doc = last_json(out)
     assert doc["gpu_memory_gib"] == pytest.approx(gib)
     assert doc["gpu_memory_utilization"] == 0.9
     memory = {(x["tp"], x["pp"], x["dp"]): (x["weight_bytes_per_gpu"],
-                                             x["kv_cache_bytes_per_gpu"])
+                                             x["kv_cache_bytes_per_gpu"],
+                                             x["activation_bytes_per_gpu"], x["fits_memory"])
               for x in doc["layouts"]}
-    assert memory[(2, 1, 2)] == (394_368, 6_144) and memory[(1, 2, 2)] == (393_856, 6_144)
-    assert (1, 1, 4) not in memory
-    assert ("tp=1 pp=1 dp=4: weights 769.12 KiB (bf16) and KV cache 12.00 KiB a GPU need "
-            "more than the 400.00 KiB allowed" in " ".join(doc["refused"]))
+    assert memory[(2, 1, 2)] == (394_368, 6_144, 16_384, True)
+    assert memory[(1, 2, 2)] == (393_856, 6_144, 28_672, True)
+    assert memory[(1, 1, 4)] == (787_584, 12_288, 28_672, False)
+    assert not any(x["best"] for x in doc["layouts"] if not x["fits_memory"])
     for flag, value, message in (("--gpu-memory", "0", "--gpu-memory 0.0 must be a positive"),
                                  ("--gpu-memory-utilization", "1.5",
                                   "--gpu-memory-utilization 1.5 must be in (0, 1]")):

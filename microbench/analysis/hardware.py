@@ -70,13 +70,6 @@ class MemoryNeed:
     def total(self) -> int:
         return self.weights + self.kv_cache + self.activations
 
-    def text(self, stored: str) -> str:
-        from microbench.views.textfmt import format_bytes
-
-        return (f"weights {format_bytes(self.weights)} ({stored}), KV cache "
-                f"{format_bytes(self.kv_cache)} and activations "
-                f"{format_bytes(self.activations)} a GPU")
-
 
 def memory_limit(gpu: str, gpu_memory_gib: float | None, utilization: float) -> int:
     """Bytes a rank may fill: utilization x the GPU's memory (--gpu-memory, else --gpu's)."""

@@ -17,8 +17,10 @@ refuses an EP group that does not divide the experts. A dense model's dp > 1 is 
 independent replicas: their figures are one replica's communication (the slowest), the
 volume the whole deployment's, and each replica serves its own batch. The engine profile
 refuses what it cannot model (a ConfigError), and plan lists it as refused with that message.
-Memory is checked by weights and the batch's KV cache (patterns/weights.py, the fullest
-rank's), and only when a GPU's memory is given: communication is what is priced.
+Memory is checked always: the fullest rank's weights and KV cache (patterns/weights.py) and
+an activation reserve (analysis/hardware.py) against the GPU's memory as vLLM uses it; a
+layout that does not fit is priced, kept apart and never best. Beside communication, each
+layout has its compute floors (analysis/compute.py), and the ranking is by their sum.
 """
 
 import math
@@ -30,7 +32,6 @@ from microbench.analysis.fits import Topology
 from microbench.analysis.hardware import MemoryNeed, activation_bytes
 from microbench.analysis.predict import predict_pattern
 from microbench.argtypes import UsageError
-from microbench.views.textfmt import format_bytes
 from patterns import ConfigError, Layout, ModelConfig, Pattern, volume_bytes
 from patterns.volume import as_number
 from patterns.weights import gpu_memory_bytes
@@ -195,13 +196,6 @@ def memory_need(pattern: Pattern, hardware: Hardware) -> MemoryNeed:
     weights, cache = gpu_memory_bytes(model, pattern.layout, dtype, kv_tokens(pattern))
     return MemoryNeed(weights, cache, activation_bytes(model, pattern.layout.tp, dtype,
                                                        hardware.step_tokens))
-
-
-def unfit_text(p: Priced, limit: int, model: ModelConfig, dtype: str) -> str:
-    stored = f"{model.weight_format} checkpoint" if model.weight_format else dtype
-    need = MemoryNeed(p.weight_bytes, p.kv_cache_bytes, p.activation_bytes)
-    return (f"{label(p.shape)}: {need.text(stored)} need "
-            f"{format_bytes(need.total)}, more than the {format_bytes(limit)} allowed")
 
 
 def plan(model: ModelConfig, gpus: int, make_pattern: Callable[[Layout], Pattern],
