@@ -26,6 +26,8 @@ OPTION_FLAGS: dict[str, str] = {
     "max_num_seqs": "--max-num-seqs",
     "moe_backend": "--moe-backend",
     "a2a": "--a2a",
+    "async_scheduling": "--async-scheduling / --no-async-scheduling",
+    "disable_overlap_schedule": "--disable-overlap-schedule",
 }
 
 

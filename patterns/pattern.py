@@ -34,6 +34,11 @@ class EngineOptions:
     a2a: str = "allgather_reducescatter"
     # vLLM's mxfp4 MoE backend (patterns/mxfp4.py); None: vLLM's choice for `gpu`.
     moe_backend: str | None = None
+    # vLLM's --async-scheduling / --no-async-scheduling; None: vLLM's default (on, off with
+    # ngram speculation: patterns/workload/scheduler_vllm.py).
+    async_scheduling: bool | None = None
+    # SGLang's --disable-overlap-schedule (the overlap scheduler is on by default).
+    disable_overlap_schedule: bool = False
 
     def __post_init__(self) -> None:
         if self.gpu not in GPUS:

@@ -97,13 +97,14 @@ def test_engine_transport_line():
 # Calls per inference on the busiest rank, by hand:
 #   vllm TP2: 1 + 2*4 = 9 all-reduces + 1 logits all-gather = 10 a step, 3 steps -> 30
 #   vllm PP2 (Model Runner V2): stage 1: 2 recvs a step, plus the 2 pp_broadcast calls on
-#     the prefill and the first decode step (not the last) -> 2*3 + 2*2 = 10
+#     the prefill and on every decode step, the last included (pp_utils.py:35-49 @
+#     c8109375: 8 + 2 + 1 < 8 + 3) -> 2*3 + 2*3 = 12
 #   sglang TP2 --control-plane: 1 gloo size broadcast + 10 -> 11 a step -> 33
 #   trtllm PP2: stage 1: 2 whole-tensor recvs a step -> 6
 #   megatron TP2: 9 + 1 -> 30
 REPLAYS = [
     ("vllm", ["--tp", "2"], 30, "torch"),
-    ("vllm", ["--pp", "2"], 10, "torch"),
+    ("vllm", ["--pp", "2"], 12, "torch"),
     ("sglang", ["--tp", "2", "--control-plane"], 33, "torch"),
     ("trtllm", ["--pp", "2"], 6, "torch"),
     pytest.param("megatron", ["--tp", "2"], 30, "mpi", marks=needs_mpi),

@@ -70,34 +70,41 @@ def test_vllm_pp2_model_runner_v2(model):
     p = steps("vllm", model, pp=2)
     assert p.options.model_runner == "v2"  # dense model: V2 by default (config/vllm.py:69-79)
     flat = (104 * 4096,)  # tp = 1: the "slice" is the whole flattened tensor
-    # Model Runner V2 (v1/worker/gpu/pp_utils.py:126-197): 2 broadcasts from the last stage on
-    # `pp_broadcast`, sampled tokens [R, 1] int64 and [2, R] int32, skipped when no request
-    # needs its sample later: prefill (Sd = 3 > 1) and decode step 1 have them, decode step 2
-    # (the request's last, k = Sd - 1) has none.
+    # Model Runner V2 (v1/worker/gpu/pp_utils.py:126-197 @ c8109375): 2 broadcasts from the
+    # last stage on `pp_broadcast`, sampled tokens [R, 1] int64 and [2, R] int32, skipped
+    # when no request needs its sample later (compute_need_sampled_mask, pp_utils.py:35-49:
+    # max(old_computed, prefill_len) + 1 < prompt + max_tokens, old_computed the tokens
+    # before the step). Prompt 100, Sd 3: prefill 100 + 1 < 103; decode step 1: 100 + 1 <
+    # 103; decode step 2, the last: old_computed 101, 102 < 103: all three broadcast.
     bcast = Counter({("broadcast", "pp_broadcast", (1, 1), (1, 1), "int64", NCCL): 1,
                      ("broadcast", "pp_broadcast", (2, 1), (2, 1), "int32", NCCL): 1})
     stage0, stage1 = run_steps(p, 0), run_steps(p, 1)
-    assert [(ph, rep) for ph, rep, _ in stage0] == [("prefill", 1), ("decode", 1), ("decode", 1)]
+    assert [(ph, rep) for ph, rep, _ in stage0] == [("prefill", 1), ("decode", 2)]
     assert calls(stage0[0][2]) == Counter({("send", "pp", flat, flat, "bf16", NCCL): 2}) + bcast
     assert calls(stage1[0][2]) == Counter({("recv", "pp", flat, flat, "bf16", NCCL): 2}) + bcast
     one = (4096,)
     assert calls(stage0[1][2]) == Counter({("send", "pp", one, one, "bf16", NCCL): 2}) + bcast
-    assert calls(stage0[2][2]) == {("send", "pp", one, one, "bf16", NCCL): 2}
-    assert calls(stage1[2][2]) == {("recv", "pp", one, one, "bf16", NCCL): 2}
+    assert calls(stage1[1][2]) == Counter({("recv", "pp", one, one, "bf16", NCCL): 2}) + bcast
     assert {op.root for op in stage0[0][2].ops if op.kind == "broadcast"} == {1}
     assert layers % 2 == 0  # 16/16 or 18/18 layers: nothing on the TP group at tp = 1
 
 
-def test_vllm_model_runner_v1_broadcast():
-    # Model Runner V1 + async scheduling (v1/worker/gpu_model_runner.py:4822-4837): one
-    # broadcast of [R, 1] int32 on the PP group every step that samples, the last one too.
-    p = steps("vllm", "llama-3.1-8b", pp=2, model_runner="v1")
+@pytest.mark.parametrize("async_on, broadcasts", [
+    # Model Runner V1 + async scheduling, vLLM's default (v1/worker/gpu_model_runner.py:
+    # 4582-4590, 4822-4837 @ c8109375): one broadcast of [R, 1] int32 on the PP group every
+    # step that samples, the last one too.
+    (None, [("pp", (1, 1), "int32")]), (True, [("pp", (1, 1), "int32")]),
+    # --no-async-scheduling: the call sits under `if self.use_async_scheduling`: none.
+    (False, []),
+])
+def test_vllm_model_runner_v1_broadcast(async_on, broadcasts):
+    p = steps("vllm", "llama-3.1-8b", pp=2, model_runner="v1", async_scheduling=async_on)
     for stage in (0, 1):
         (_, _, pre), (_, rep, dec) = run_steps(p, stage)
         assert rep == 2
         for step in (pre, dec):
             assert [(op.group, op.shape, op.dtype) for op in step.ops
-                    if op.kind == "broadcast"] == [("pp", (1, 1), "int32")]
+                    if op.kind == "broadcast"] == broadcasts
 
 
 def test_vllm_chunked_prefill_broadcasts_and_rows():

@@ -64,3 +64,19 @@ def test_sglang_stage1_gathers_each_slice_after_its_recv():
     ops = _step_ops("sglang", 1, 0)
     assert [op.tag for op in ops[:4]] == ["pp.hidden_states", "pp.hidden_states.allgather",
                                          "pp.residual", "pp.residual.allgather"]
+
+
+def test_vllm_v2_broadcasts_in_every_decode_step_the_last_included():
+    # Llama-3.1-8B TP2 x PP2, Model Runner V2 (its default for a dense model), prompt 8,
+    # Sd 4: 1 prefill + 3 decode steps. `compute_need_sampled_mask` (v1/worker/gpu/
+    # pp_utils.py:35-49 @ c8109375) keeps a request while max(old_computed, prefill_len)
+    # + 1 < prompt + max_tokens = 12 (states.py:104), old_computed the tokens before the
+    # step: prefill max(0, 8) + 1 = 9, decodes 8 + 1, 9 + 1, 10 + 1 = 11 < 12, the last
+    # one too. So 4 pairs of broadcasts an inference on every stage, one a step.
+    pattern = generate("vllm", resolve_model("llama-3.1-8b"), Layout(tp=2, pp=2),
+                       Workload(prompt=8, decode=4), EngineOptions())
+    assert pattern.options.model_runner == "v2"
+    for stage in (0, 1):
+        per_step = [sum(op.kind == OpKind.BROADCAST for op in step.ops)
+                    for _, step in pattern.steps(stage)]
+        assert per_step == [2, 2, 2, 2]

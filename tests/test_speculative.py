@@ -14,6 +14,8 @@ sizes rounded up to multiples of 1 + k: k=1 -> 2, 4, 8, ...; k=3 -> 4, 8, 16, ..
 One request, prompt 16, output 9 (8 tokens after the prefill's). SGLang's cells at the end.
 """
 
+import math
+
 import pytest
 
 from microbench.views.workload import workload_document
@@ -183,3 +185,37 @@ def test_sglang_deepseek_v3_mtp_k1_tp4():
     assert p.schedule.segments[1].repeat == 5
     assert len(step.ops) == 128 and sum(o.bytes for o in step.ops) == 3_806_592
     assert step.ops[-1].tag == "draft_extend_after_decode.logits"
+
+
+@pytest.mark.parametrize("method, accept, async_on, verifies", [
+    # vLLM's async scheduling (`v1/core/sched/scheduler.py:485-502` @ c8109375): at
+    # schedule(n + 1), before update_from_output(n), a request is skipped only when step n
+    # reaches max_tokens even if every draft is rejected. Output 9: 8 tokens after the
+    # prefill's. a = 3: ceil(8 / 3) = 3 verifies; before the last the request holds
+    # 1 + 2 x 3 = 7 tokens, so the last must yield 2 > 1: verified once more (4 steps).
+    ("eagle", 3.0, None, 4), ("eagle", 3.0, True, 4), ("eagle", 3.0, False, 3),
+    # a = 2.5: ceil(8 / 2.5) = 4 verifies; before the last 1 + 3 x 2.5 = 8.5, the last must
+    # yield 0.5 <= 1: skipped, no extra verify.
+    ("eagle", 2.5, None, 4), ("eagle", 2.5, False, 4),
+    # ngram: vLLM turns async scheduling off (config/vllm.py:1095-1117): 3 verifies.
+    ("ngram", 3.0, None, 3), ("ngram", 3.0, False, 3),
+])
+def test_async_scheduling_wasted_verify(method, accept, async_on, verifies):
+    s = parse_spec(f'{{"method": "{method}", "num_speculative_tokens": 3}}', accept, None)
+    p = workload_pattern("vllm", resolve_model("llama-3.1-8b"), Layout(tp=4),
+                         [Request(0, 16, 9)], None, EngineOptions(async_scheduling=async_on),
+                         None, s)
+    _prefill, decode = p.schedule.segments
+    assert decode.repeat == verifies
+    # The request's own decode steps (its TPOT) are the ones that yield tokens.
+    assert tuple(p.schedule.spans[0].decode) == (1, 1 + math.ceil(8 / accept))
+
+
+def test_async_scheduling_with_ngram_refused():
+    # config/vllm.py:1064-1083 @ c8109375: async scheduling asked for with a drafter it does
+    # not support is a ValueError in vLLM.
+    s = parse_spec('{"method": "ngram", "num_speculative_tokens": 3}', 2.0, None)
+    with pytest.raises(ConfigError, match="--async-scheduling with ngram"):
+        workload_pattern("vllm", resolve_model("llama-3.1-8b"), Layout(tp=4),
+                         [Request(0, 16, 9)], None, EngineOptions(async_scheduling=True),
+                         None, s)

@@ -79,6 +79,17 @@ def test_step_time_without_requests_refused():
     assert proc.returncode == 2 and "goes with --requests" in proc.stderr
 
 
+@pytest.mark.parametrize("flag, engine, words", [
+    ("--async-scheduling", "sglang", "--async-scheduling / --no-async-scheduling does not "
+     "apply to engine sglang; it applies to vllm"),
+    ("--no-async-scheduling", "sglang", "it applies to vllm"),
+])
+def test_scheduling_switch_of_another_engine_refused(tmp_path, flag, engine, words):
+    proc, _ = infercomm(*BASE, "--prompt", "8", "--decode", "2", "--engine", engine, flag)
+    assert proc.returncode == 2 and words in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stdout == ""
+
+
 # The workload replayed below: the tiny model (h 64, 4 layers, vocab 1000) at TP2, vLLM V1,
 # budget 32, max_num_seqs 4, step time 10 ms.
 # A (0 s, prompt 40, output 3), B (0 s, 10, 4), C (30 ms -> clock step 3, 20, 2):
@@ -175,3 +186,33 @@ def test_sweep_from_a_workloads_pattern(tmp_path):
     allreduces = {int(r["size_bytes"]): int(r["calls_per_inference"]) for r in rows
                   if r["op"] == "allreduce"}
     assert allreduces == {256: 18, 2304: 9, 2816: 9, 4096: 9}
+
+
+@pytest.mark.parametrize("flag, rows, waited", [
+    # The workload above at --max-num-seqs 2 (budget 32, step time 10 ms):
+    # step 0: A 32 of 40; budget spent, B waits       T 32
+    # step 1: A's last 8 + B's 10                     T 18 (running 2 = max_num_seqs)
+    # steps 2-3: A, B decode; C arrives at clock 3    T 2 (A's last token at step 3)
+    # --no-async-scheduling: A gone at step 4:
+    # step 4: B's last decode + C's 20                T 21
+    # step 5: C decodes                               T 1; C waited step 3 only.
+    ("--no-async-scheduling", [(0, 1, 32), (1, 1, 18), (2, 2, 2), (4, 1, 21), (5, 1, 1)], 1),
+    # vLLM's default (async): A, done at step 3, still holds its slot at step 4
+    # (schedule(4) before update_from_output(3)), so C waits one step more:
+    # step 4: B's last decode                         T 1
+    # step 5: C's 20 (B done, holding a slot: 1 + 1)  T 20
+    # step 6: C decodes                               T 1; C waited steps 3 and 4.
+    (None, [(0, 1, 32), (1, 1, 18), (2, 2, 2), (4, 1, 1), (5, 1, 20), (6, 1, 1)], 2),
+    ("--async-scheduling", [(0, 1, 32), (1, 1, 18), (2, 2, 2), (4, 1, 1), (5, 1, 20),
+                            (6, 1, 1)], 2),
+])
+def test_async_scheduling_moves_an_admission(tmp_path, flag, rows, waited):
+    f = tmp_path / "w.jsonl"
+    f.write_text(WORKLOAD)
+    proc, _ = infercomm("pattern", "--model", tiny_model(tmp_path), "--tp", "2", "--requests",
+                        str(f), "--step-time-ms", "10", "--max-batched-tokens", "32",
+                        "--max-num-seqs", "2", "--format", "json", *([flag] if flag else []))
+    assert proc.returncode == 0, proc.stderr
+    doc = last_json(proc.stdout)
+    assert [(r["first_step"], r["repeat"], r["tokens"]) for r in doc["step_rows"]] == rows
+    assert doc["per_request"][2]["waited_steps"] == waited

@@ -93,14 +93,15 @@ def test_arrivals_mid_decode():
     assert (c.ttft, c.decode_steps, c.tpot) == (66, 0, None)
 
 
-def test_max_num_seqs_reached():
+def test_max_num_seqs_reached_synchronous():
+    # --no-async-scheduling (update_from_output(n) before schedule(n + 1)).
     # max_num_seqs 2, budget 64: cap = min(2*2, 512, 64) = 4 -> sizes [1, 2, 4].
     # A, B, C at 0, prompts 5, outputs 3, 2, 2.
     # step 0: A 5 + B 5 = T 10 (eager); RUNNING holds 2 = max_num_seqs, C waits.
     # step 1: A, B decode: T 2 (full graph 2); B's last token: B leaves.
     # step 2: A's last decode + C's 5 = T 6 (> 4: eager), R 2.
     # step 3: C's decode, T 1.
-    opts = EngineOptions(max_batched_tokens=64, max_num_seqs=2)
+    opts = EngineOptions(max_batched_tokens=64, max_num_seqs=2, async_scheduling=False)
     reqs = [Request(0, 5, 3), Request(0, 5, 2), Request(0, 5, 2)]
     p = workload_pattern("vllm", LLAMA, Layout(tp=2), reqs, None, opts, None)
     check_steps(p, [(10, 2, 2, "eager"), (2, 2, 0, "full"), (6, 2, 1, "eager"),
@@ -108,6 +109,42 @@ def test_max_num_seqs_reached():
     assert [s.waited_steps for s in p.schedule.spans] == [0, 0, 2]  # C waited steps 0, 1
     assert [tuple(s.prefill) for s in p.schedule.spans] == [(0, 1), (0, 1), (2, 3)]
     assert [tuple(s.decode) for s in p.schedule.spans] == [(1, 3), (1, 2), (3, 4)]
+
+
+def test_max_num_seqs_reached_async():
+    # vLLM's default, async scheduling (v1/engine/core.py:625-741 @ c8109375: schedule(n+1)
+    # before update_from_output(n)); the same three requests.
+    # step 0: A 5 + B 5 = T 10 (eager), C waits.
+    # step 1: A, B decode (T 2); B samples its last token, but stays in RUNNING at step 2.
+    # step 2: B skipped (computed 5 + 1 + 2 - 1 placeholder = 7 >= prompt 5 + max_tokens 2,
+    #         scheduler.py:485-502) yet len(running) = 2 = max_num_seqs: C still waits.
+    #         A's last decode alone: T 1 (full graph 1), R 1.
+    # step 3: B gone; A skipped but held: running 1 < 2, C joins: T 5 (> 4: eager), R 1.
+    # step 4: C's decode, T 1. One step more than synchronous: C admitted at 3, not 2.
+    opts = EngineOptions(max_batched_tokens=64, max_num_seqs=2)
+    reqs = [Request(0, 5, 3), Request(0, 5, 2), Request(0, 5, 2)]
+    p = workload_pattern("vllm", LLAMA, Layout(tp=2), reqs, None, opts, None)
+    check_steps(p, [(10, 2, 2, "eager"), (2, 2, 0, "full"), (1, 1, 0, "full"),
+                    (5, 1, 1, "eager"), (1, 1, 0, "full")])
+    assert [s.waited_steps for s in p.schedule.spans] == [0, 0, 3]  # C waited steps 0-2
+    assert [tuple(s.prefill) for s in p.schedule.spans] == [(0, 1), (0, 1), (3, 4)]
+    assert [tuple(s.decode) for s in p.schedule.spans] == [(1, 3), (1, 2), (4, 5)]
+
+
+def test_async_every_slot_held_by_a_finished_request():
+    # max_num_seqs 1, async: A (prompt 5, output 2), B (prompt 3, output 1), both at 0.
+    # step 0: A 5 (T 5, eager: sizes [1, 2] with cap min(2, 512, 64) = 2); B waits.
+    # step 1: A's only decode, T 1 (full graph 1).
+    # next schedule: A skipped, B blocked (A held): nothing scheduled, no calls, no clock;
+    #   its update frees A's slot.
+    # step 2: B's 3 (eager), R 1; B samples its only token.
+    # Synchronous: the same three steps (A leaves before step 2 is scheduled).
+    reqs = [Request(0, 5, 2), Request(0, 3, 1)]
+    for async_on in (True, False):
+        opts = EngineOptions(max_batched_tokens=64, max_num_seqs=1, async_scheduling=async_on)
+        p = workload_pattern("vllm", LLAMA, Layout(tp=2), reqs, None, opts, 0.01)
+        check_steps(p, [(5, 1, 1, "eager"), (1, 1, 0, "full"), (3, 1, 1, "eager")])
+        assert p.schedule.clock_steps == 3
 
 
 def test_folding_keeps_steps_flat():

@@ -45,7 +45,10 @@ def engine_options(args: argparse.Namespace) -> EngineOptions:
     return EngineOptions(eager=args.eager, max_batched_tokens=args.max_batched_tokens,
                          control_plane=args.control_plane, gpu=args.gpu,
                          nccl_only=args.nccl_only, model_runner=args.model_runner,
-                         max_num_seqs=args.max_num_seqs, sp=args.sp)
+                         max_num_seqs=args.max_num_seqs, sp=args.sp,
+                         async_scheduling=getattr(args, "async_scheduling", None),
+                         disable_overlap_schedule=getattr(args, "disable_overlap_schedule",
+                                                          False))
 
 
 def refuse_disagg_options(args: argparse.Namespace) -> None:

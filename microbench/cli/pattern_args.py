@@ -77,6 +77,15 @@ def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True
     group.add_argument("--max-num-seqs", type=positive_int, default=None,
                        help="vllm: max_num_seqs (default 1024, 256 on a100); sets the "
                             "CUDA-graph sizes")
+    group.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
+                       default=None,
+                       help="vllm: async scheduling, vLLM's flag (default: on; off with ngram "
+                            "speculation): a finished request holds its running slot one more "
+                            "step; --no-async-scheduling: the synchronous scheduler (what "
+                            "vLLM's CPU build runs)")
+    group.add_argument("--disable-overlap-schedule", action="store_true",
+                       help="sglang: the overlap scheduler off, SGLang's flag (on by default: "
+                            "a finished request rides one more decode batch)")
     group.add_argument("--sp", action="store_true",
                        help="megatron: sequence parallelism (each all-reduce becomes a "
                             "reduce-scatter and an all-gather)")
@@ -103,7 +112,10 @@ def pattern_from_args(args: argparse.Namespace) -> Pattern:
                             control_plane=args.control_plane, gpu=args.gpu,
                             nccl_only=args.nccl_only, model_runner=args.model_runner,
                             max_num_seqs=args.max_num_seqs, sp=args.sp, a2a=args.a2a,
-                            moe_backend=args.moe_backend)
+                            moe_backend=args.moe_backend,
+                            async_scheduling=getattr(args, "async_scheduling", None),
+                            disable_overlap_schedule=getattr(args, "disable_overlap_schedule",
+                                                             False))
     if wl.wants_workload(args):
         return wl.workload_from_args(args, options)
     workload = Workload(prompt=args.prompt, decode=args.decode, batch=args.batch,

@@ -56,7 +56,9 @@ def vllm_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request
     options = replace(options, model_runner=runner)
     vllm_profile._check_kv_heads(model, layout.tp)
     schedule = schedule_vllm(requests, step_time_s, max_seqs, budget, k,
-                             spec.acceptance_length if spec else 1.0)
+                             spec.acceptance_length if spec else 1.0,
+                             vllm_profile.async_scheduling(options,
+                                                           spec.method if spec else ""))
 
     @cache
     def model_ops(st: Stage, tokens: int) -> tuple[Op, ...]:

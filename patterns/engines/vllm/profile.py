@@ -30,12 +30,17 @@ Code read: vLLM upstream main of 2026-08-03 as modal-projects/vllm @ c8109375 (a
   every stage. Model Runner V2 (`v1/worker/gpu/pp_utils.py:35-50, 126-197`, `PPHandler`;
   `v1/worker/gpu/model_runner.py:1497-1531`): 2 broadcasts on its own NCCL group
   `pp_broadcast`, sampled tokens [R, 1] int64 and (num_sampled, num_rejected) [2, R] int32,
-  skipped when no request produces a sample that a later step needs (non-final prefill
-  chunks, and a request's last step: so the last decode step has none). V2 is the default
+  skipped when no request needs its sample later: `compute_need_sampled_mask`
+  (`pp_utils.py:35-49`) keeps a request when old_computed + scheduled >= prefill_len (not a
+  non-final prefill chunk) and max(old_computed, prefill_len) + 1 < max_seq_len = prompt +
+  max_tokens (`v1/worker/gpu/states.py:104`), old_computed the tokens before the step. A
+  prompt's last chunk passes when the output is over 1 token; decode step j (old_computed
+  prompt + j - 1, j <= output - 1) always passes, the last one included. V2 is the default
   for dense models and the MoE architectures of `config/vllm.py:69-79`
   (`_is_default_v2_model_runner_model`, #44443 `a2f71300`). Model Runner V1 with async
   scheduling (`v1/worker/gpu_model_runner.py:4582-4590, 4822-4837`): sampled ids [R, 1]
-  int32 on the PP group, skipped when every request is a partial prefill.
+  int32 on the PP group, skipped when every request is a partial prefill; under
+  `--no-async-scheduling` V1 broadcasts nothing (`use_async_scheduling` guards the call).
 - MoE with data parallelism (`--dp N`, `--ep`): the rules and their sources are in
   `patterns/moe.py` (all2all.py AgRsAll2AllManager, fused_moe/config.py, dp_utils.py), the
   DP ranks' steps lined up and padded in `patterns/dp_steps.py`; hooked in `moe_layer_ops`
@@ -74,7 +79,7 @@ INFO = EngineInfo(
            "vllm-project/vllm @ 00d618aa (all_reduce_utils.py), @ 0052812d "
            "(allreduce_rms_fusion.py)",
     options=("eager", "max_batched_tokens", "gpu", "nccl_only", "model_runner",
-             "max_num_seqs", "a2a", "moe_backend"),
+             "max_num_seqs", "a2a", "moe_backend", "async_scheduling"),
     not_modelled=(
         "MoE at dp > 1: DBO micro-batching, EPLB, the engine core's gloo "
         "all-reduce every 32 steps (patterns/moe.py lists them)",
@@ -92,6 +97,22 @@ _V2_MOE_MODEL_TYPES = frozenset({"deepseek_v2", "qwen2_moe", "granitemoe"})
 
 def default_model_runner(model: ModelConfig) -> str:
     return "v2" if not model.is_moe or model.model_type in _V2_MOE_MODEL_TYPES else "v1"
+
+
+def async_scheduling(options: EngineOptions, spec_method: str = "") -> bool:
+    """Whether vLLM schedules asynchronously (`config/vllm.py:1064-1143` @ c8109375): on
+    unless turned off (`--no-async-scheduling`) or the speculative method is not one it
+    supports (EAGLE-type: eagle, eagle3 and the MTP methods, `config/speculative.py:37-66`;
+    ngram on the CPU is not, so it is off there, and asked for explicitly vLLM refuses it:
+    "Currently, async scheduling is only supported with EAGLE/MTP/..."). vLLM's CPU build
+    turns it off (`platforms/cpu.py:142-144`): its runs match `--no-async-scheduling`."""
+    if spec_method == "ngram":
+        if options.async_scheduling:
+            raise ConfigError("--async-scheduling with ngram speculation: vLLM refuses it "
+                              "(async scheduling supports EAGLE/MTP drafters); drop "
+                              "--async-scheduling or use eagle, eagle3 or mtp")
+        return False
+    return options.async_scheduling is not False
 
 
 def _allreduce(st: Stage, tokens: int, tag: str, feeds_rmsnorm: bool = True,
@@ -219,7 +240,7 @@ def pp_broadcasts(st: Stage, rows: int, sampled: bool, needed: bool, runner: str
                    f"pp_broadcast.{name}", root=root)
                 for name, shape, dtype in (("sampled_tokens", (rows, 1), "int64"),
                                            ("num_sampled_rejected", (2, rows), "int32"))]
-    if not sampled:
+    if not sampled or not async_scheduling(st.options):
         return []
     return [Op(OpKind.BROADCAST, "pp", st.pp, (rows, 1), (rows, 1), "int32",
                "pp.prev_sampled_token_ids", root=root)]
@@ -240,14 +261,10 @@ def _stage_runs(st: Stage, options: EngineOptions, runner: str) -> list[Run]:
         runs.append(run(Phase.PREFILL, ops, tokens, chunk.seqs))
     if w.decode_steps:
         tokens = pad_to(sizes, w.batch)
-        model_ops = forward(st, tokens, w.batch)
-        # Decode step k (1..Sd-1) samples token k+1; a later step needs it while k < Sd-1.
-        runs.append(run(Phase.DECODE, model_ops + pp_broadcasts(st, w.batch, True, True,
-                                                                runner),
-                        tokens, w.batch, w.decode_steps - 1))
-        runs.append(run(Phase.DECODE, model_ops + pp_broadcasts(st, w.batch, True, False,
-                                                                runner),
-                        tokens, w.batch, 1))
+        # Decode step j (1..Sd-1): V2's check uses the tokens before the step, prompt + j - 1,
+        # and prompt + j < prompt + Sd holds for every j, the last included.
+        runs.append(run(Phase.DECODE, forward(st, tokens, w.batch) + pp_broadcasts(
+            st, w.batch, True, True, runner), tokens, w.batch, w.decode_steps))
     return merge([r for r in runs if r.repeat])
 
 

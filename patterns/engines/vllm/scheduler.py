@@ -14,10 +14,28 @@ RUNNING; it is finished before any later request starts. A request that samples 
 token leaves RUNNING after the step (`update_from_output`), and its place is free at the
 next step.
 
+Async scheduling (vLLM's default: `config/vllm.py:1095-1143` @ c8109375 turns it on unless
+speculation is ngram, a pooling model or an executor without it; `platforms/cpu.py:142-144`
+turns it off on CPUs; `--no-async-scheduling` turns it off). The engine core then keeps two
+batches in flight (`config/vllm.py:539-549` max_concurrent_batches 2 at pp 1;
+`v1/engine/core.py:625-741` step_with_batch_queue): `schedule()` of step n + 1 runs before
+`update_from_output()` of step n, so a request that samples its last token in step n is still
+in RUNNING at step n + 1. `Scheduler.schedule()` (`v1/core/sched/scheduler.py:485-502`)
+skips it there when its placeholders show step n reaches max_tokens even with every draft
+rejected (num_computed_tokens + 2 - num_output_placeholders >= prompt + max_tokens), but it
+still counts in len(self.running) against max_num_seqs when WAITING requests are admitted
+(`scheduler.py:687-691`): a freed slot is taken one step later than under the synchronous
+scheduler. With k speculative tokens the check holds only when step n must yield a single
+token; a request whose last verify must yield more (mean acceptance: output - 1 - (steps - 1)
+x a > 1) is verified once more in step n + 1, with its drafter passes, and that step's
+tokens are thrown away (`AsyncScheduler._update_after_schedule`, `async_scheduler.py:19-49`:
+1 + k placeholders a verify). A step in which nothing is scheduled (every running request
+skipped) issues no calls (`v1/worker/gpu/model_runner.py` returns at once on 0 tokens) and
+takes no clock here; its update frees the slots and the next schedule admits.
+
 Not modelled (each refused or said): prefix caching (hash_ids of traces ignored: every prompt
 token is computed), preemption for KV-cache space (the cache is taken to be large enough),
-long_prefill_token_threshold (0 by default: no cap), async scheduling's placeholders (same
-token counts a step), and the priority policy.
+long_prefill_token_threshold (0 by default: no cap), and the priority policy.
 
 Cost: a step is simulated one by one only while the batch changes (a prompt chunk, an
 arrival, a request finishing); a run of equal decode steps is one jump of
@@ -42,14 +60,25 @@ from patterns.workload.schedule import (
 )
 
 
+def wasted_verify(output: int, accepted: float) -> bool:
+    """Async scheduling: whether a request's last verify must yield more than one token, so
+    that the scheduler, not yet knowing it finished, verifies it once more. Before its last
+    of s = ceil((output - 1) / a) decode steps it holds 1 + (s - 1) a tokens (mean
+    acceptance), so the last must yield output - 1 - (s - 1) a; without speculation (a = 1)
+    that is always 1."""
+    steps = decode_steps_of(output, accepted)
+    return steps > 0 and output - 1 - (steps - 1) * accepted > 1 + 1e-9
+
+
 def schedule_vllm(requests: Sequence[Request], step_time_s: float | None, max_num_seqs: int,
                   max_batched_tokens: int, spec_tokens: int = 0,
-                  accepted: float = 1.0) -> Schedule:
+                  accepted: float = 1.0, async_scheduling: bool = False) -> Schedule:
     """The steps vLLM V1 runs for `requests` (sorted by arrival).
 
     `spec_tokens` k and `accepted` (mean tokens a verify step yields, 1 <= a <= k + 1): each
     decode step of a request verifies 1 + k tokens, and a request needs
-    ceil((output - 1) / a) of them.
+    ceil((output - 1) / a) of them. `async_scheduling`: see the module's docstring; False
+    is the synchronous scheduler (`--no-async-scheduling`).
 
     RUNNING is kept as what the schedule needs of it: the decoding requests (each scheduled
     every step, since max_num_seqs x (1 + k) fits the budget: a heap of the issued step
@@ -65,12 +94,15 @@ def schedule_vllm(requests: Sequence[Request], step_time_s: float | None, max_nu
     decoders: list[tuple[int, int]] = []  # heap of (issued step it is gone at, request)
     partial: tuple[int, int] | None = None  # (request, prompt tokens left)
     waiting: deque[int] = deque()
+    # Async: finished requests still in RUNNING (skipped) at the issued step of the key.
+    lingering: dict[int, int] = {}
     out = SegmentList()
     clock, nxt, n = 0, 0, len(requests)
     while True:
         i = out.next
         while decoders and decoders[0][0] <= i:  # sampled its last token in step i - 1
             heappop(decoders)
+        held = lingering.pop(i, 0)
         while nxt < n and arrivals[nxt] <= clock:
             waiting.append(nxt)
             spans[nxt].waited_steps = -i  # completed when it first runs
@@ -87,7 +119,11 @@ def schedule_vllm(requests: Sequence[Request], step_time_s: float | None, max_nu
             take = min(partial[1], budget)
             chunks.append((partial[0], take, partial[1] - take))
             budget -= take
-        running = len(decoders) + (partial is not None)
+        running = len(decoders) + (partial is not None) + held
+        if not (decoders or partial) and waiting and running >= max_num_seqs:
+            # Every slot is held by a finished request: this schedule is empty, its update
+            # frees them, and the next schedule (the same issued step) admits.
+            running -= held
         while waiting and budget > 0 and running < max_num_seqs:  # then WAITING, FCFS
             r = waiting.popleft()
             spans[r].waited_steps += i
@@ -114,6 +150,11 @@ def schedule_vllm(requests: Sequence[Request], step_time_s: float | None, max_nu
             steps = decode_steps_of(requests[r].output, accepted)
             if steps:  # it decodes in every step from the next one on
                 spans[r].decode = [start + 1, start + 1 + steps]
+            if async_scheduling and wasted_verify(requests[r].output, accepted):
+                steps += 1  # verified once more, its tokens thrown away
+            elif async_scheduling:  # skipped, but in RUNNING, the step after its last
+                lingering[start + 1 + steps] = lingering.get(start + 1 + steps, 0) + 1
+            if steps:
                 heappush(decoders, (start + 1 + steps, r))
         clock += repeat
     return Schedule("vllm", tuple(out.segments), tuple(spans), step_time_s or 0.0, clock)
