@@ -58,11 +58,12 @@ def test_nccl_232_new_ops_named() -> None:
 
 def test_torch113_kineto_sizes_from_nccl_annotations() -> None:
     # 2 steps x (all-reduces of 4432073 and 267040 fp32 + one all-to-all of 8 * 1024 *
-    # 8816 = 72,220,672 fp32); rank 3 (distributedInfo); no group size recorded
+    # 8816 = 72,220,672 fp32); rank 3 (distributedInfo); no process-group table, so the
+    # group is the job: distributedInfo's world_size 8
     calls, trace = counted("kineto_torch113_nccl_rank3.json")
-    assert calls == {(3, "allreduce", 4_432_073, "fp32", None): 2,
-                     (3, "allreduce", 267_040, "fp32", None): 2,
-                     (3, "alltoall", 72_220_672, "fp32", None): 2}
+    assert calls == {(3, "allreduce", 4_432_073, "fp32", 8): 2,
+                     (3, "allreduce", 267_040, "fp32", 8): 2,
+                     (3, "alltoall", 72_220_672, "fp32", 8): 2}
     assert trace.ranks[0].step_starts == [0, 3]
 
 

@@ -151,7 +151,9 @@ def test_a_log_without_calls_is_refused(tmp_path: Path) -> None:
                                *lookalikes(pre, "node-a", 1)]) + "\n")
     proc, _ = infercomm("trace", str(path))
     assert proc.returncode == 2 and proc.stdout == ""
+    # the refusal names what the file holds: the 3 look-alikes (TUNING, TRACE, channel)
     assert proc.stderr == (f"infercomm trace: error: {path}: no communication call found; "
+                           "it holds other line x3; "
                            "expected NCCL/RCCL COLL lines (run with NCCL_DEBUG=INFO "
                            "NCCL_DEBUG_SUBSYS=COLL) or a Kineto JSON (.json/.json.gz from "
                            "torch.profiler) with c10d, record_param_comms or gloo:/nccl: events\n")

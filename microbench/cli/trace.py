@@ -31,18 +31,23 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.format == "csv":
         out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=ROW_KEYS, lineterminator="\n")
+        named = any("transport" in r for r in doc["rows"])  # type: ignore[union-attr]
+        writer = csv.DictWriter(out, fieldnames=(*ROW_KEYS, "transport") if named else
+                                ROW_KEYS, lineterminator="\n")
         writer.writeheader()
         writer.writerows(doc["rows"])  # type: ignore[arg-type]
         print(out.getvalue(), end="")
         return 0
     names = {r.rank: r.name for r in trace.ranks}
+    named = any("transport" in r for r in doc["rows"])  # type: ignore[union-attr]
     rows = [[str(r["rank"]), "?" if r["group_size"] is None else str(r["group_size"]),
              str(r["op"]), f"{r['numel']:,}", str(r["dtype"]), f"{r['calls']:,}",
-             format_bytes(float(r["bytes"]))] for r in doc["rows"]]  # type: ignore[union-attr]
+             format_bytes(float(r["bytes"]))] + ([str(r.get("transport", ""))] if named else [])
+            for r in doc["rows"]]  # type: ignore[union-attr]
+    headers = ["rank", "group", "op", "numel", "dtype", "calls", "bytes"]
     lines = [f"{doc['ranks']} ranks, {doc['calls']:,} calls, {doc['unparsed']:,} lines or "
              "events not understood", "",
-             render_table(["rank", "group", "op", "numel", "dtype", "calls", "bytes"], rows,
+             render_table(headers + (["transport"] if named else []), rows,
                           right_align={"rank", "group", "numel", "calls", "bytes"}), ""]
     for found in steps_found(trace):
         lines.append(f"rank {found.rank} ({names[found.rank]}): {found.steps:,} steps "

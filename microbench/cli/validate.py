@@ -38,6 +38,10 @@ def run(args: argparse.Namespace) -> int:
     print()
     print("match: the trace issued exactly the pattern's calls" if result.match else
           f"first difference: {result.first_difference}")
+    counts = sorted(set(result.steps.values()))
+    if any(t for t, _ in counts):
+        print("steps (a step ends at the logits gather): " + "; ".join(
+            f"the trace {t} from the inference's start, the pattern {p}" for t, p in counts))
     notes = [*result.notes, *_hints(pattern, result.first_difference)]
     for note in notes:
         print(f"note: {note}")

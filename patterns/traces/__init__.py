@@ -30,6 +30,7 @@ def read_traces(paths: Sequence[str]) -> Trace:
     seen_files: dict[tuple[int, int], str] = {}
     owner: dict[str, str] = {}  # a log's process -> the file its calls came from
     for index, name in enumerate(paths):
+        unknown_before = trace.unknown.copy()
         path = Path(name)
         _check_file(path, name)
         ident = (path.stat().st_dev, path.stat().st_ino)
@@ -66,7 +67,11 @@ def read_traces(paths: Sequence[str]) -> Trace:
                             "the same log given twice? pass each process's log once")
                     owner[key] = name
         if not found:
-            raise ConfigError(f"{name}: no communication call found; expected " + EXPECTED)
+            seen = trace.unknown - unknown_before
+            held = ("; it holds " + ", ".join(f"{kind} x{n}" for kind, n in seen.most_common(3))
+                    if seen else "")
+            raise ConfigError(f"{name}: no communication call found{held}; expected "
+                              + EXPECTED)
     logs.finish()
     trace.ranks.sort(key=lambda r: r.rank)
     return trace

@@ -29,7 +29,8 @@ class Call:
     the receive count). `group_size` is None where the trace does not record it (c10d events
     on gloo); `group` names the communicator (an NCCL comm pointer, a process-group name).
     `peer` is the other side's rank in the group for send/recv, `root` the root's for
-    gather, broadcast, reduce and scatter.
+    gather, broadcast, reduce and scatter. `transport` is what carried it where the trace
+    says (`shm`: vLLM's CPU communicator), None where it does not.
     """
 
     op: str
@@ -39,6 +40,7 @@ class Call:
     group: str | None = None
     peer: int | None = None
     root: int | None = None
+    transport: str | None = None
 
     @property
     def bytes(self) -> int:

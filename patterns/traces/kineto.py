@@ -41,6 +41,7 @@ from typing import Any
 
 from patterns.errors import ConfigError
 from patterns.traces.calls import Call, RankCalls, Trace
+from patterns.traces.kineto_shm import SHM_NOT_CALLS, SHM_OPS, shm_call
 from patterns.traces.kineto_stream import iter_events
 
 # torch scalar type names, as `Input type` (C++ names) and record_param_comms `dtype` spell them.
@@ -142,8 +143,13 @@ def _torch_dtype(name: Any) -> str | None:
 
 
 def _pg_sizes(info: dict[str, Any] | None, rank: int) -> set[int]:
-    """Sizes of the process groups this rank belongs to (distributedInfo.pg_config)."""
+    """Sizes of the process groups this rank belongs to (distributedInfo.pg_config); where
+    the trace has no process-group table (torch before 2.3 writes none), the job's
+    `world_size`: its one group."""
     sizes = set()
+    if info and not info.get("pg_config") and isinstance(info.get("world_size"), int) \
+            and info["world_size"] > 1:
+        return {info["world_size"]}
     for pg in (info or {}).get("pg_config") or []:
         ranks = pg.get("ranks")
         if isinstance(ranks, list) and len(ranks) < 2:
@@ -208,6 +214,7 @@ class _Raw:
 
     def __init__(self) -> None:
         self.vllm: list[tuple[float, float, Call]] = []  # (start, end, call)
+        self.shm: list[tuple[float, str, dict[str, Any]]] = []  # vLLM CPU's _C::shm_* ops
         self.param: list[tuple[float, Call | None, str]] = []
         self.c10d: list[tuple[float, str, dict[str, Any]]] = []
         self.backend: list[tuple[float, str, int | None, str | None]] = []
@@ -255,6 +262,11 @@ class _Raw:
             self.vllm.append((ts, ts + (dur if isinstance(dur, (int, float)) else 0.0), Call(
                 op=op, numel=numel or 0, dtype=_torch_dtype(types[0]) or "unknown",
                 group_size=_concrete_int(args, size_at))))
+        elif name in SHM_OPS:
+            self.shm.append((ts, name, args))
+        elif name.startswith("_C::shm_") and name not in SHM_NOT_CALLS:
+            trace.unparsed += 1
+            trace.unknown[name] += 1
         elif name.startswith("vllm::") and name.endswith(_VLLM_FUSED):
             # e.g. vllm::patched_fused_scaled_matmul_reduce_scatter: a matmul fused with its
             # reduce-scatter inside symmetric memory; the reduced tensor is not an argument
@@ -281,6 +293,13 @@ class _Raw:
         # trace's one process-group size where there is one
         timed = [(s, c if c.group_size is not None else
                   Call(c.op, c.numel, c.dtype, only_size)) for s, _, c in self.vllm]
+        for ts, name, args in self.shm:
+            call = shm_call(name, args, _torch_dtype, only_size)
+            if call is None:
+                trace.unparsed += 1
+                trace.unknown[f"{name} (arguments not as its signature)"] += 1
+            else:
+                timed.append((ts, call))
         param = [(ts, c, n) for ts, c, n in self.param if outside(ts)]
         c10d = [e for e in self.c10d if outside(e[0])]
         backend = [e for e in self.backend if outside(e[0])]

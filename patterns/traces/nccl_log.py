@@ -36,6 +36,8 @@ _LINE = re.compile(
     r"([A-Za-z]+): opCount [0-9a-fA-F]+ sendbuff \S+ recvbuff \S+ (?:acc \S+ )?count (\d+) "
     r"datatype (\d+) op \d+ root (-?\d+) comm (\S+) \[nranks=(\d+)\] stream \S+"
     r"(?: task -?\d+ globalrank (-?\d+))?")
+# a rank tag between "NCCL INFO" and the op name, as some launchers' logs print it
+_RANK_TAG = re.compile(r" NCCL INFO \[\d+\] $")
 _INIT_LINE = re.compile(_PREFIX + r".*?comm (\S+) rank (\d+) nranks (\d+) cudaDev \d+.*"
                         r"Init COMPLETE")
 
@@ -115,6 +117,8 @@ class LogReader:
                 # of " NCCL INFO ") and the line from " count " on; a new key is checked
                 # in full, so a line that shares one has the same fields and shape
                 hit = ids_of.get(line[c - 14:c] + line[k:]) if k > 0 else None
+                if hit is not None and not line.startswith(" NCCL INFO ", c - hit[1]):
+                    hit = None  # the same key with a rank tag before the op name, or without
                 if hit is None:
                     hit = self._slow(line, c, k, ids_of)
                     if hit is None:
@@ -185,18 +189,23 @@ class LogReader:
         distance from the op name's prefix to ": opCount", RCCL line) or None (counted)."""
         trace = self.trace
         at = line.rfind(" ", 0, c) - 10
+        tag = _RANK_TAG.search(line, 0, at + 11) if at >= 0 else None
+        if tag is not None:  # "NCCL INFO [N] AllReduce: ...": a rank tag before the op name
+            at = tag.start()
         if k < 0 or at < 0 or not line.startswith(" NCCL INFO ", at):
             trace.unparsed += 1
-            trace.unknown["non-call line with opCount"] += 1
+            trace.unknown["NCCL call line without its host:pid:tid [cudaDev] prefix"
+                          if line.lstrip().startswith("NCCL INFO ") else
+                          "non-call line with opCount"] += 1
             return None
-        m = _LINE.match(line, at + 11)
+        m = _LINE.match(line, at + 11 + (len(tag[0]) - 11 if tag else 0))
         if m is None and line.startswith(" count -", k):
             raise ConfigError(f"a call line with a negative count ({line[k + 7:].split()[0]}): "
                               "NCCL prints an unsigned element count; pass an unmodified log")
         call = _call(*m.groups()[:6]) if m else None
         if m is None or call is None:
             trace.unparsed += 1
-            trace.unknown[_unread(line[at + 11:c], m is not None)] += 1
+            trace.unknown[_unread(line[c - len(m[1]) if m else at + 11:c], m is not None)] += 1
             return None
         rccl = m[7] is not None
         hit = (trace.intern(call), c - at, rccl)

@@ -19,20 +19,24 @@ class StepsFound:
 
 
 def trace_rows(trace: Trace) -> list[dict[str, object]]:
-    """One row per rank and distinct (group size, op, elements, dtype), in first-call order;
-    `bytes` is every call of the row together (calls x elements x dtype size)."""
+    """One row per rank and distinct (group size, op, elements, dtype, transport), in
+    first-call order; `bytes` is every call of the row together (calls x elements x dtype
+    size); `transport` only where the trace names one (vLLM's CPU `shm` ops)."""
     rows = []
     for rank in trace.ranks:
         counts = Counter(rank.ids)
         merged: dict[tuple[object, ...], int] = {}
         for call_id in dict.fromkeys(rank.ids):  # first-call order
             call = trace.table[call_id]
-            key = (call.group_size, call.op, call.numel, call.dtype)
+            key = (call.group_size, call.op, call.numel, call.dtype, call.transport)
             merged[key] = merged.get(key, 0) + counts[call_id]
-        for (size, op, numel, dtype), calls in merged.items():
-            rows.append({"rank": rank.rank, "group_size": size, "op": op, "numel": numel,
-                         "dtype": dtype, "calls": calls,
-                         "bytes": calls * numel * TRACE_DTYPE_BYTES.get(dtype, 0)})
+        for (size, op, numel, dtype, transport), calls in merged.items():
+            row = {"rank": rank.rank, "group_size": size, "op": op, "numel": numel,
+                   "dtype": dtype, "calls": calls,
+                   "bytes": calls * numel * TRACE_DTYPE_BYTES.get(dtype, 0)}
+            if transport is not None:
+                row["transport"] = transport
+            rows.append(row)
     return rows
 
 

@@ -58,6 +58,9 @@ class Validation:
     notes: list[str] = field(default_factory=list)
     before: dict[int, int] = field(default_factory=dict)  # rank -> calls before the inference
     after: dict[int, int] = field(default_factory=dict)  # rank -> calls after it
+    # rank -> (steps of the trace from the inference's start, each ending at the logits
+    # gather; steps of the pattern)
+    steps: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def match(self) -> bool:
@@ -117,6 +120,33 @@ def _same(got: Call, want: Call) -> bool:
     return not (got.root is not None and want.root is not None and got.root != want.root)
 
 
+def _step_shapes(pattern: Pattern) -> list[str]:
+    """What each step of a request workload holds (empty for a one-batch pattern)."""
+    schedule = getattr(pattern, "schedule", None)
+    if schedule is None:
+        return []
+    names = []
+    for seg in schedule.segments:
+        shape = seg.shape
+        parts = ([f"{shape.prefill_tokens} prompt tokens of {shape.prefill_seqs} "
+                  f"request{'s' * (shape.prefill_seqs != 1)}"] if shape.prefill_seqs else [])
+        if shape.decode_seqs:
+            parts.append(f"{shape.decode_seqs} decoding x {shape.decode_tokens} token"
+                         f"{'s' * (shape.decode_tokens != 1)}")
+        names += [" + ".join(parts)] * seg.repeat
+    return names
+
+
+def _trace_steps(trace: Trace, rank: RankCalls, start: int, step_end: Call | None) -> int:
+    """Steps of the trace from `start`: each ends at a call of the kind that ends the
+    pattern's steps (vLLM's logits gather), whatever its rows."""
+    if step_end is None:
+        return 0
+    table = trace.table
+    return sum(1 for i in rank.ids[start:] if table[i].op == step_end.op
+               and table[i].group_size in (None, step_end.group_size))
+
+
 def _start(trace: Trace, rank: RankCalls, first_step: list[Call]) -> int:
     """Where the inference starts: the first place the pattern's first step matches."""
     if not first_step:
@@ -139,25 +169,32 @@ def _compare_rank(trace: Trace, rank: RankCalls, pattern: Pattern, p2p: set[str]
     result.before[rank.rank] = start
     result.after[rank.rank] = len(rank.ids) - end
     table = trace.table
+    shapes = _step_shapes(pattern)
+    ends = [e for e in expected if e.tag == "logits"]
+    result.steps[rank.rank] = (_trace_steps(trace, rank, start, ends[0].call if ends else None),
+                               expected[-1].step + 1 if expected else 0)
+
+    def where(want: _Expected) -> str:
+        shape = f": {shapes[want.step]}" if want.step < len(shapes) else ""
+        return f"{want.phase.value} step {want.step}{shape}, op {want.index} of the step"
+
     first: str | None = None
     for offset, call_id in enumerate(rank.ids[start:end]):
         got, want = table[call_id], expected[offset]
         if not _same(got, want.call):
-            first = (f"rank {rank.rank}: call {start + offset} ({want.phase.value} step "
-                     f"{want.step}, op {want.index} of the step) differs: the trace has "
-                     f"{got.describe()}, the pattern has {want.call.describe()} [{want.tag}]")
+            first = (f"rank {rank.rank}: call {start + offset} ({where(want)}) differs: the "
+                     f"trace has {got.describe()}, the pattern has {want.call.describe()} "
+                     f"[{want.tag}]")
             break
     if first is None and end - start < len(expected):
         want = expected[end - start]
-        first = (f"rank {rank.rank}: call {end} ({want.phase.value} step {want.step}, op "
-                 f"{want.index} of the step) is missing: the trace ends after {end} calls, "
-                 f"the pattern has {want.call.describe()} [{want.tag}]")
-    # rows: the window's calls, the first pattern-prefill-many of them as the prefill
-    prefill = sum(1 for e in expected if e.phase == Phase.PREFILL)
+        first = (f"rank {rank.rank}: call {end} ({where(want)}) is missing: the trace ends "
+                 f"after {end} calls, the pattern has {want.call.describe()} [{want.tag}]")
+    # rows: each of the window's calls in the phase of the pattern's step at its place
     got_counts: Counter = Counter()
     for offset, call_id in enumerate(rank.ids[start:end]):
         call = table[call_id]
-        phase = Phase.PREFILL if offset < prefill else Phase.DECODE
+        phase = expected[offset].phase
         got_counts[(phase.value, call.op, call.numel, call.dtype, call.group_size)] += 1
     want_counts: Counter = Counter()
     unsized = {k[:4] for k in got_counts if k[4] is None}
