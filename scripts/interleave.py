@@ -17,16 +17,28 @@ installations, or one with two environments:
 
 Each run gets `--out OUT/a` or `OUT/b` and `--label a-I` / `b-I` after the given arguments.
 Exit status: compare's (0 no regression, 1 regression, 3 inconclusive or suspect), 2 for bad
-input, or the status of the first run that failed. Last stdout line: one JSON object with the
-schedule and compare's summary.
+input, the status of the first run that failed (1 when it printed no JSON line, 127 when its
+prefix cannot be run), or 128+N when ended by signal N (130 for Ctrl-C), the run in progress
+ended with it (microbench/ranks/children.py). Last stdout line: one JSON object with the
+schedule and compare's summary, or with the runs kept ("complete": false).
 """
 
 import argparse
 import json
 import shlex
-import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's microbench
+from microbench.ranks.children import Stopped, run_child
+
+
+class SideFailed(Exception):
+    """A run that failed, printed no JSON line, or could not start; the status to exit with."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -55,15 +67,31 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def one_run(prefix: str, command: list[str], out: Path, label: str) -> str:
+    """Run one side; its run folder. A stop signal ends the run and raises Stopped."""
     argv = [*shlex.split(prefix), *command, "--out", str(out), "--label", label]
     sys.stderr.write(f"interleave: {label}: {shlex.join(argv)}\n")
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=False)
-    sys.stderr.write(proc.stdout)  # the run's table, kept off our stdout
-    if proc.returncode != 0:
-        sys.stderr.write(f"interleave: {label} failed (exit {proc.returncode}); stopping\n")
-        raise SystemExit(proc.returncode)
-    last = json.loads(proc.stdout.strip().splitlines()[-1])
-    return str(last["results_dir"])
+    try:
+        done = run_child(argv)
+    except OSError as err:
+        raise SideFailed(f"{label}: cannot run {argv[0]!r} ({err.strerror}); give a command "
+                         "prefix that runs infercomm", 127) from None
+    sys.stderr.write(done.stdout)  # the run's table, kept off our stdout
+    if done.status != 0:
+        raise SideFailed(f"{label} failed (exit {done.status})", done.status)
+    last = last_json(done.stdout)
+    if last is None or not isinstance(last.get("results_dir"), str):
+        raise SideFailed(f"{label} printed no JSON line naming its run folder (results_dir) "
+                         "as its last line; is the prefix an infercomm command?", 1)
+    return last["results_dir"]
+
+
+def last_json(stdout: str) -> dict | None:
+    lines = stdout.strip().splitlines()
+    try:
+        found = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,21 +99,35 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     schedule: list[tuple[str, str]] = []
     sides: dict[str, list[str]] = {"a": [], "b": []}
-    for i in range(1, args.runs + 1):
-        for side in ("a", "b"):
-            folder = one_run(getattr(args, side), args.command, out / side, f"{side}-{i}")
-            sides[side].append(folder)
-            schedule.append((f"{side}-{i}", folder))
-    compare = [*shlex.split(args.compare or args.a), "compare", "-A", *sides["a"],
-               "-B", *sides["b"], *shlex.split(args.compare_args)]
-    proc = subprocess.run(compare, stdout=subprocess.PIPE, text=True, check=False)
+    try:
+        for i in range(1, args.runs + 1):
+            for side in ("a", "b"):
+                folder = one_run(getattr(args, side), args.command, out / side, f"{side}-{i}")
+                sides[side].append(folder)
+                schedule.append((f"{side}-{i}", folder))
+        compare = [*shlex.split(args.compare or args.a), "compare", "-A", *sides["a"],
+                   "-B", *sides["b"], *shlex.split(args.compare_args)]
+        try:
+            proc = run_child(compare)
+        except OSError as err:
+            raise SideFailed(f"cannot run {compare[0]!r} ({err.strerror})", 127) from None
+    except (SideFailed, Stopped) as ended:
+        what = (f"{ended.how}; ended the run in progress" if isinstance(ended, Stopped)
+                else f"{ended}; stopping")
+        kept = ", ".join(folder for _, folder in schedule) or "none"
+        sys.stderr.write(f"interleave: {what}; runs kept: {kept}\n")
+        status = 128 + ended.signum if isinstance(ended, Stopped) else ended.status
+        print(json.dumps({"schedule": [label for label, _ in schedule], "a": sides["a"],
+                          "b": sides["b"], "complete": False, "status": status},
+                         separators=(",", ":")))
+        return status
     lines = proc.stdout.rstrip("\n").splitlines()
-    print("\n".join(lines[:-1]))
-    summary = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
+    summary = last_json(proc.stdout)
+    print("\n".join(lines[:-1] if summary is not None else lines))
     print(json.dumps({"schedule": [label for label, _ in schedule], "a": sides["a"],
-                      "b": sides["b"], "compare_status": proc.returncode,
+                      "b": sides["b"], "complete": True, "compare_status": proc.status,
                       "compare": summary}, separators=(",", ":")))
-    return proc.returncode
+    return proc.status
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 own mpiexec (mpi), and make sure that when one rank fails every rank ends."""
 
 import contextlib
-import ctypes
 import os
 import re
 import shutil
@@ -12,12 +11,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 from microbench.argtypes import UsageError
 from microbench.ranks import notes
+from microbench.ranks.children import die_with_parent
 from microbench.ranks.watchdog import TIMEOUT_EXIT_STATUS
 from microbench.results.store import WRITE_ERROR_EXIT_STATUS
 
@@ -90,21 +89,6 @@ def _raise_stopped(signum: int, _frame: object) -> None:
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def _child_setup(launcher_pid: int) -> Callable[[], None]:
-    """Run in each child before exec: SIGTERM it when the launcher dies (even by SIGKILL).
-
-    The kernel sends it when the launcher's thread that forked the child exits; the launcher
-    forks from its main thread, which lives as long as the launcher. The children run in their
-    own process group (Ctrl-C at a terminal reaches the launcher only, which ends them)."""
-    def setup() -> None:
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != launcher_pid:  # the launcher died before prctl took effect
-            os._exit(128 + signal.SIGTERM)
-    return setup
 
 
 def spawn_local(nproc: int, backend: str, argv: list[str]) -> int:
@@ -120,7 +104,7 @@ def spawn_local(nproc: int, backend: str, argv: list[str]) -> int:
                 notes.LAUNCH_DIR_VAR: str(folder)})
     procs: list[subprocess.Popen] = []
     previous = {s: signal.signal(s, _raise_stopped) for s in STOP_SIGNALS}
-    common: dict[str, Any] = {"process_group": 0, "preexec_fn": _child_setup(os.getpid())}
+    common: dict[str, Any] = {"process_group": 0, "preexec_fn": die_with_parent(os.getpid())}
     try:
         if backend == "mpi":
             cmd, mpi_env = mpi_command(nproc, argv)

@@ -12,6 +12,7 @@ would decide it (--env-runs, -n).
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 import numpy as np
@@ -26,7 +27,11 @@ COLUMNS = ["metric", "best", "best_us", "runner_up", "runner_up_us", "margin", "
 
 
 def best_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per metric the runs share: the best setting, its margin and interval."""
+    """One row per metric the runs share: the best setting, its margin and interval.
+
+    A setting any of whose runs failed --check is not ranked: its times are of wrong data."""
+    wrong = {r["setting"] for r in runs if r.get("check_failed")}
+    runs = [r for r in runs if r["setting"] not in wrong]
     samples: dict[str, dict[str, list[np.ndarray]]] = {}
     for run in runs:
         for metric, values in run_metrics(load_run(run["results_dir"])).items():
@@ -70,26 +75,47 @@ def grid_table(rows: list[dict[str, Any]]) -> str:
     return render_table(header, body, right_align={"best (us)", "margin"})
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def not_ranked(runs: list[dict[str, Any]]) -> list[str]:
+    """The settings whose data was wrong (a run failed --check), in the grid's order."""
+    return list(dict.fromkeys(r["setting"] for r in runs if r.get("check_failed")))
+
+
 def write_grid(command: str, args: argparse.Namespace, runs: list[dict[str, Any]],
-               label: str) -> dict[str, Any]:
+               label: str, planned: int, ended: dict[str, Any] | None = None
+               ) -> dict[str, Any]:
+    """The grid's folder, table and summary; `ended` says how a partial grid stopped (the
+    setting whose run failed or was stopped), None when every run of `planned` finished."""
     from microbench.results.store import base_meta, csv_text, json_text, write_run_or_keep
 
     rows = best_rows(runs)
+    wrong = not_ranked(runs)
     grid = {**base_meta(args.argv), "kind": "grid", "command": command,
-            "env_runs": args.env_runs, "runs": runs, "best": rows}
+            "env_runs": args.env_runs, "complete": ended is None, "runs_planned": planned,
+            "ended": ended, "not_ranked": wrong, "runs": runs, "best": rows}
     folder, error = write_run_or_keep(args.out, label, {
         "grid.json": json_text(grid), "best.csv": csv_text(rows, COLUMNS)})
-    print(f"# infercomm {command} grid: {len(runs)} runs of "
-          f"{len({r['setting'] for r in runs})} settings; margin = runner-up / best "
-          "(medians of the slowest rank's samples), interval and verdict as `infercomm "
-          "compare` reads them")
+    settings = len({r["setting"] for r in runs})
+    partial = "" if ended is None else f" (partial: {len(runs)} of {planned} runs)"
+    print(f"# infercomm {command} grid: {_count(len(runs), 'run')} of "
+          f"{_count(settings, 'setting')}{partial}; "
+          "margin = runner-up / best (medians of the slowest rank's samples), interval and "
+          "verdict as `infercomm compare` reads them")
     print(grid_table(rows))
+    for setting in wrong:
+        print(f"not ranked: {setting} (--check found wrong data)")
     print(f"results: {folder}")
+    if ended is not None:
+        kept = ", ".join(str(r["results_dir"]) for r in runs)
+        sys.stderr.write(f"infercomm {command}: kept the partial grid at {folder} with the "
+                         f"{_count(len(runs), 'run')} that finished: {kept}\n")
     if error is not None:
-        import sys
-
         from microbench.results.store import write_error_message
+
         sys.stderr.write(write_error_message(command, args.out, error, folder))
-    return {"kind": "grid", "command": command, "settings": len({r["setting"] for r in runs}),
-            "runs": len(runs), "metrics": len(rows),
-            "results_dir": str(folder) if folder is not None else None}
+    return {"kind": "grid", "command": command, "settings": settings,
+            "runs": len(runs), "metrics": len(rows), "complete": ended is None,
+            "not_ranked": len(wrong), "results_dir": str(folder) if folder is not None else None}

@@ -15,13 +15,15 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import re
-import subprocess
+import signal
 import sys
 from typing import Any
 
 from microbench.argtypes import UsageError, positive_int
+from microbench.ranks.children import Stopped, run_child
 
 SETTINGS_VAR = "INFERCOMM_SETTINGS"  # the names a grid set, recorded by results/store.py
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -56,12 +58,13 @@ def combinations(specs: list[tuple[str, list[str]]]) -> list[dict[str, str]]:
     names = [n for n, _ in specs]
     if len(set(names)) != len(names):
         raise UsageError("--env names a variable twice; give its values in one --env")
-    combos = [dict(zip(names, values, strict=True))
-              for values in itertools.product(*[v for _, v in specs])]
-    if len(combos) > MAX_COMBINATIONS:
-        raise UsageError(f"--env makes {len(combos)} combinations, more than "
+    count = math.prod(len(values) for _, values in specs)  # counted before any is built
+    if count > MAX_COMBINATIONS:
+        sizes = " x ".join(str(len(values)) for _, values in specs)
+        raise UsageError(f"--env makes {count:,} combinations ({sizes} values), more than "
                          f"{MAX_COMBINATIONS}; give fewer values")
-    return combos
+    return [dict(zip(names, values, strict=True))
+            for values in itertools.product(*[v for _, v in specs])]
 
 
 def setting_name(combo: dict[str, str], varying: set[str] | None = None) -> str:
@@ -85,7 +88,10 @@ def child_argv(argv: list[str]) -> list[str]:
 
 
 def run_grid(command: str, args: argparse.Namespace) -> int:
-    """Run every combination; write the grid folder; print the best-setting table."""
+    """Run every combination; write the grid folder; print the best-setting table.
+
+    A run that fails stops the grid, and one that is stopped (Ctrl-C, kill) ends with it
+    (ranks/children.py); either way the runs done so far are kept as a partial grid."""
     from microbench.ranks import dist
     if dist.detect() is not None:
         raise UsageError("--env starts one job per setting itself; run it without a launcher "
@@ -95,29 +101,44 @@ def run_grid(command: str, args: argparse.Namespace) -> int:
     base = child_argv(args.argv)
     label = args.label or f"grid-{command}"
     runs: list[dict[str, Any]] = []
-    for repeat in range(args.env_runs):
-        for i, combo in enumerate(combos):
-            slug = "-".join(f"{k}-{v}" for k, v in combo.items())
-            cmd = [sys.executable, "-m", "microbench", *base, "--label",
-                   f"{label}-{slug}"[:100]]
-            env = {**os.environ, **combo, SETTINGS_VAR: ",".join(combo)}
-            sys.stderr.write(f"[infercomm] grid {repeat * len(combos) + i + 1}/"
-                             f"{len(combos) * args.env_runs}: {setting_name(combo)}\n")
-            done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True,
-                                  check=False)
-            last = _last_json(done.stdout)
-            folder = last.get("results_dir") if last else None
-            if done.returncode not in (0, 1) or folder is None:
-                sys.stderr.write(done.stdout[-2000:])
-                sys.stderr.write(f"infercomm {command}: the run with {setting_name(combo)} "
-                                 f"failed (exit {done.returncode}); the grid stops\n")
-                return done.returncode or 1
-            runs.append({"setting": setting_name(combo, varying), "env": combo, "repeat": repeat,
-                         "results_dir": folder, "exit_status": done.returncode})
+    total = len(combos) * args.env_runs
+    ended: dict[str, Any] | None = None  # how a grid that did not finish ended
+    status = 0
+    for n, (repeat, combo) in enumerate(itertools.product(range(args.env_runs), combos)):
+        slug = "-".join(f"{k}-{v}" for k, v in combo.items())
+        cmd = [sys.executable, "-m", "microbench", *base, "--label", f"{label}-{slug}"[:100]]
+        env = {**os.environ, **combo, SETTINGS_VAR: ",".join(combo)}
+        sys.stderr.write(f"[infercomm] grid {n + 1}/{total}: {setting_name(combo)}\n")
+        try:
+            done = run_child(cmd, env)
+        except Stopped as stopped:
+            status = 128 + stopped.signum
+            ended = {"setting": setting_name(combo), "stopped_by":
+                     signal.Signals(stopped.signum).name}
+            sys.stderr.write(f"infercomm {command}: {stopped.how}; ended the run with "
+                             f"{setting_name(combo)} (run {n + 1} of {total})\n")
+            break
+        last = _last_json(done.stdout)
+        folder = last.get("results_dir") if last else None
+        wrong = bool(last.get("wrong")) if last else False
+        if done.status != 0 and not (done.status == 1 and wrong and folder):
+            sys.stderr.write(done.stdout[-2000:])
+            status = done.status or 1
+            ended = {"setting": setting_name(combo), "exit_status": status,
+                     "results_dir": folder}
+            sys.stderr.write(f"infercomm {command}: the run with {setting_name(combo)} "
+                             f"failed (exit {done.status}); the grid stops\n")
+            break
+        runs.append({"setting": setting_name(combo, varying), "env": combo, "repeat": repeat,
+                     "results_dir": folder, "exit_status": done.status,
+                     "check_failed": wrong})
+    if not runs:
+        sys.stderr.write(f"infercomm {command}: no run of the grid finished; nothing kept\n")
+        return status
     from microbench.tuning.best import write_grid
-    summary = write_grid(command, args, runs, label)
+    summary = write_grid(command, args, runs, label, total, ended)
     print(json.dumps(summary, separators=(",", ":")), flush=True)
-    return 1 if any(r["exit_status"] for r in runs) else 0
+    return status or (1 if any(r["exit_status"] for r in runs) else 0)
 
 
 def _last_json(stdout: str) -> dict[str, Any] | None:

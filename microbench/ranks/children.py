@@ -1,0 +1,112 @@
+"""Jobs started one after another by a command that waits for each: a settings grid's runs
+(tuning/env_grid.py) and scripts/interleave.py's. Whatever ends that command ends its job.
+
+Each run is its own `infercomm` process, a launcher with its ranks. Ended by Ctrl-C, `kill` or
+a closed terminal, the command passes the signal on to the run in progress, whose launcher
+ends its ranks as it does when it is stopped itself (ranks/launch.py), and waits for it. Killed
+by SIGKILL, which nothing can catch, the command cannot pass anything on: the kernel sends the
+run SIGTERM when its parent dies (PR_SET_PDEATHSIG, set in the child before exec), with the
+same effect. So no run goes on alone, writing a run folder that nothing lists or a traceback
+into a pipe nobody reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# A launcher told to stop ends its ranks within 10 s (SIGTERM, 5 s, SIGKILL, 5 s).
+END_SECONDS = 15.0
+
+
+class Stopped(Exception):
+    """The command got SIGINT, SIGTERM or SIGHUP (Ctrl-C, `kill`, `timeout`, a closed
+    terminal)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def how(self) -> str:
+        """"interrupted" for Ctrl-C, else "got SIGTERM" and the like."""
+        if self.signum == signal.SIGINT:
+            return "interrupted"
+        return f"got {signal.Signals(self.signum).name}"
+
+
+def _raise_stopped(signum: int, _frame: object) -> None:
+    raise Stopped(signum)
+
+
+def die_with_parent(parent_pid: int) -> Callable[[], None]:
+    """Run in a child before exec: SIGTERM it when its parent dies (even by SIGKILL).
+
+    The kernel sends it when the parent's thread that forked the child exits; callers fork
+    from their main thread, which lives as long as they do."""
+    def setup() -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os._exit(128 + signal.SIGTERM)
+    return setup
+
+
+@dataclass
+class Finished:
+    status: int  # as a shell says it: 128+N for signal N
+    stdout: str
+
+
+def run_child(cmd: list[str], env: dict[str, str] | None = None) -> Finished:
+    """Run `cmd` to its end with its stdout captured (its stderr is ours).
+
+    SIGINT, SIGTERM or SIGHUP meanwhile is passed on to it; once it has ended (or been
+    killed END_SECONDS later) Stopped is raised. OSError when `cmd` cannot be started."""
+    previous = {s: signal.signal(s, _raise_stopped) for s in STOP_SIGNALS}
+    proc: subprocess.Popen[bytes] | None = None
+    captured: list[bytes] = []
+    reader: threading.Thread | None = None
+    try:
+        # its own process group: a terminal's Ctrl-C reaches this command only, which passes
+        # it on once, so the child hears it once
+        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                process_group=0, preexec_fn=die_with_parent(os.getpid()))
+        stream = proc.stdout
+        assert stream is not None
+        reader = threading.Thread(target=lambda: captured.append(stream.read()), daemon=True)
+        reader.start()
+        status = proc.wait()
+    except Stopped as stopped:
+        for s in STOP_SIGNALS:  # a second Ctrl-C must not interrupt the clean-up
+            signal.signal(s, signal.SIG_IGN)
+        if proc is not None:
+            _end(proc, stopped.signum)
+        raise
+    finally:
+        if reader is not None:
+            reader.join(timeout=5)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return Finished(128 - status if status < 0 else status,
+                    b"".join(captured).decode(errors="replace"))
+
+
+def _end(proc: subprocess.Popen[bytes], signum: int) -> None:
+    """Pass `signum` on to the child's process group; SIGKILL it if it outlives END_SECONDS."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signum)
+    try:
+        proc.wait(timeout=END_SECONDS)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
