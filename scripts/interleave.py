@@ -80,8 +80,8 @@ def one_run(prefix: str, command: list[str], out: Path, label: str) -> str:
         raise SideFailed(f"{label} failed (exit {done.status})", done.status)
     last = last_json(done.stdout)
     if last is None or not isinstance(last.get("results_dir"), str):
-        raise SideFailed(f"{label} printed no JSON line naming its run folder (results_dir) "
-                         "as its last line; is the prefix an infercomm command?", 1)
+        raise SideFailed(f"{label} ended without a JSON last line naming its run folder "
+                         "(results_dir): give a command prefix that runs infercomm", 1)
     return last["results_dir"]
 
 

@@ -8,11 +8,16 @@ comparison records and names, not which algorithm wins on a shared 2-core machin
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
+
+from tests.replay_helpers import tiny_model
+from tests.test_launcher import kill_leftovers, wait_gone, wait_started
 
 REPO = Path(__file__).resolve().parents[1]
 INFERCOMM = f"{sys.executable} -m microbench"
@@ -53,3 +58,64 @@ def test_two_environments_interleaved(tmp_path):
     assert {(m["runs_a"], m["runs_b"], m["drift_allowed"]) for m in summary["metrics"]} == {
         (2, 2, None)}
     assert f"  {CVAR}: recursive_doubling -> ring" in proc.stdout
+
+
+def interleave(tmp_path: Path, a: str, b: str, *command: str) -> list[str]:
+    return [sys.executable, str(REPO / "scripts" / "interleave.py"), "-k", "2", "--out",
+            str(tmp_path / "ab"), "--a", a, "--b", b, "--", *command]
+
+
+@pytest.mark.parametrize(("a", "status", "words"), [
+    ("/nonexistent/infercomm", 127, "a-1: cannot run '/nonexistent/infercomm' (No such file "
+                                    "or directory); give a command prefix that runs infercomm"),
+    ("true", 1, "a-1 ended without a JSON last line naming its run folder (results_dir): "
+              "give a command prefix that runs infercomm"),
+    ("false", 1, "a-1 failed (exit 1)")])
+def test_a_side_that_fails_is_one_line_and_a_json_last_line(tmp_path, a, status, words):
+    # Fault 12: a side that could not start or printed no JSON ended in a traceback.
+    proc = subprocess.run(interleave(tmp_path, a, INFERCOMM, "replay"), capture_output=True,
+                          text=True, timeout=60, cwd=REPO, check=False)
+    assert proc.returncode == status and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines()[-1] == f"interleave: {words}; stopping; runs kept: none"
+    assert json.loads(proc.stdout.splitlines()[-1]) == {
+        "schedule": [], "a": [], "b": [], "complete": False, "status": status}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_ending_interleave_ends_the_run_in_progress(tmp_path, sig):
+    # Faults 1 and 12: Ctrl-C gave a KeyboardInterrupt traceback, and SIGKILL left the run
+    # in progress (launcher and ranks) running for minutes. Ctrl-C reaches the whole
+    # foreground group; SIGKILL reaches interleave alone. 200,000 decode steps outlast the
+    # test by far.
+    marker = uuid.uuid4().hex
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "INFERCOMM_TEST_RUN": marker,
+           "TMPDIR": str(tmp_path / "tmp")}
+    argv = interleave(tmp_path, INFERCOMM, INFERCOMM, "replay", "--nproc", "2", "--backend",
+                      "torch", "--device", "cpu", "--model", tiny_model(tmp_path), "--tp", "2",
+                      "--prompt", "8", "--decode", "200000", "-n", "1", "-w", "0")
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, cwd=REPO)
+    try:
+        # interleave + launcher + its reaper + 2 ranks + their 2 sentinels
+        wait_started(marker, 7, proc)
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+        out, err = proc.communicate(timeout=30)
+        assert wait_gone(marker, 10) == [], f"processes of the run left after {sig.name}"
+        assert not list((tmp_path / "ab").rglob("meta.json")), "a stopped run was written"
+        assert "Traceback" not in err, err
+        if sig == signal.SIGINT:
+            assert proc.returncode == 130, err  # 128 + SIGINT (2)
+            assert "infercomm: interrupted; ended every rank" in err  # the launcher's line
+            assert err.splitlines()[-1] == ("interleave: interrupted; ended the run in "
+                                            "progress; runs kept: none")
+            assert json.loads(out.splitlines()[-1])["status"] == 130
+        else:
+            assert "infercomm: got SIGTERM; ended every rank" in err  # PR_SET_PDEATHSIG
+    finally:
+        kill_leftovers(marker)
+        proc.kill()
+        proc.communicate()
