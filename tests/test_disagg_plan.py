@@ -67,3 +67,53 @@ def test_auto_and_refusals(cli, tmp_path):
         (tmp_path / f"again{i}").mkdir()
         status, out, err = plan(cli, tmp_path / f"again{i}", *extra)
         assert status == 2 and out == "" and words in err and len(err.splitlines()) == 1
+
+
+def test_a_layout_larger_than_the_gpus_is_told_to_shrink(cli, tmp_path):
+    # prefill tp2 dp2 (4 ranks) + decode tp2 (2) = 6 ranks on --gpus 4: 2 too many. Adding
+    # dpN (what plan said before) would only make it larger.
+    status, out, err = plan(cli, tmp_path, "--disagg", "prefill=tp2dp2,decode=tp2",
+                            "--kv-sweep", str(kv_sweep(tmp_path / "kv", 100.0, 10)))
+    assert status == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert ("--disagg prefill=tp2dp2,decode=tp2 has 6 ranks and --gpus is 4: 2 too many; "
+            "lower a side's dp or tp, or give --gpus 6") in err
+    assert "add dpN" not in err
+
+
+def test_auto_prices_each_pair_of_sides_once_however_many_gpus():
+    import argparse
+
+    from microbench.analysis.kv_plan import candidates
+    auto = argparse.Namespace(disagg="auto")
+    # 64 GPUs, 8 a node, 16 heads: by enumeration, every prefill world P in 8, 16, ..., 56
+    # and every tp a | P, b | 64 - P among the divisors of 16 (1, 2, 4, 8, 16).
+    triples = [(p, a, b) for p in range(8, 64, 8) for a in (1, 2, 4, 8, 16)
+               for b in (1, 2, 4, 8, 16) if p % a == 0 and (64 - p) % b == 0]
+    got = candidates(auto, 64, 8, 16)
+    # Each (a, b) once, standing for every split it fits, at the split nearest 32.
+    assert sorted((c.prefill.tp, c.decode.tp) for c, _ in got) == sorted(
+        {(a, b) for _, a, b in triples})
+    assert sum(n for _, n in got) == len(triples)
+    by_tp = {(c.prefill.tp, c.decode.tp): c for c, _ in got}
+    # a = 16 needs P in 16, 32, 48 and b = 16 needs 64 - P in 16, 32, 48: P = 32 is even.
+    assert by_tp[(16, 16)].prefill.world_size == 32
+    # 4096 and 1,048,576 GPUs of 128 heads (8 divisors): at most 8 x 8 = 64 candidates
+    # (enumerating splits gave 511 x up to 64 for 4096, and never ended for 2^20).
+    for gpus in (4096, 1 << 20):
+        got = candidates(auto, gpus, 8, 128)
+        assert len(got) <= 64
+        assert all(c.world_size == gpus and c.decode_offset % 8 == 0 for c, _ in got)
+
+
+def test_auto_on_a_million_gpus_answers(tmp_path):
+    # The whole command, tiny model (4 heads: 3 tp a side) at 2^20 GPUs, 8 a node: a generous
+    # bound; before, every split of the GPUs was generated and priced (no answer in minutes).
+    from tests.replay_helpers import infercomm, last_json
+    proc, seconds = infercomm(
+        "plan", "--model", tiny_model(tmp_path), "--gpus", str(1 << 20), "--gpus-per-node",
+        "8", "--prompt", "8", "--decode", "4", "--engine", "vllm",
+        "--sweep", str(fake_sweep(tmp_path / "sweep", FLAT)),
+        "--sweep-inter", str(fake_sweep(tmp_path / "inter", FLAT)), "--disagg", "auto",
+        "--kv-sweep", str(kv_sweep(tmp_path / "kv", 100.0, 10)), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert seconds < 60 and last_json(proc.stdout)["gpus"] == 1 << 20

@@ -19,6 +19,7 @@ batch's whole sequences, the prefill side its prompts (patterns/weights.py).
 """
 
 import argparse
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -65,6 +66,7 @@ class DisaggPriced:
     meets_budget: bool
     crosses_nodes: bool
     memory_bytes: int  # the fullest decode rank's weights and KV cache
+    splits: int = 1  # node-boundary splits of --gpus with these sides' tp (`candidates`)
     best: bool = False
 
     @property
@@ -81,7 +83,8 @@ class DisaggPriced:
                 "decode_step_us": round(self.decode_step_us, 3),
                 "e2e_us": round(self.e2e_us, 3), "kv_transfer_bytes": self.kv_transfer_bytes,
                 "meets_budget": self.meets_budget, "crosses_nodes": self.crosses_nodes,
-                "decode_memory_bytes_per_gpu": self.memory_bytes, "best": self.best}
+                "decode_memory_bytes_per_gpu": self.memory_bytes, "splits": self.splits,
+                "best": self.best}
 
 
 def kv_fits(args: argparse.Namespace, sweep_rows: list[dict[str, Any]],
@@ -139,25 +142,60 @@ def transfer_us(t: KVTransfer, offset: int, per_node: int, fits: KVFits, batch: 
     return max(busy.values(), default=0.0), crosses
 
 
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
+def split_for(gpus: int, per_node: int, a: int, b: int) -> tuple[int, int] | None:
+    """(P, count): of the prefill worlds P that end on a node boundary and that tp a and
+    tp b can fill (P a multiple of per_node and of a, gpus - P > 0 a multiple of b), the one
+    nearest an even split, and how many there are; None when there is none. Solved, not
+    enumerated: P = k x L with L = lcm(per_node, a), and k x L = gpus (mod b) is a linear
+    congruence, k = k0 (mod b / gcd(L, b)), solvable only where gcd(L, b) divides gpus."""
+    step = math.lcm(per_node, a)
+    most = (gpus - 1) // step  # the largest k with k x L < gpus
+    g = math.gcd(step, b)
+    if gpus % g:
+        return None
+    m = b // g
+    k0 = (gpus // g) * pow(step // g, -1, m) % m if m > 1 else 0
+    first = k0 if k0 >= 1 else k0 + m
+    if first > most:
+        return None
+    count = (most - first) // m + 1
+    t = min(max(round((gpus / (2 * step) - first) / m), 0), count - 1)
+    return (first + t * m) * step, count
+
+
 def candidates(args: argparse.Namespace, gpus: int, per_node: int,
-               heads: int) -> list[DisaggLayout]:
-    """`--disagg auto`: sides at node boundaries, each tp a divisor of the attention heads
-    (no engine takes another); dp fills the side."""
+               heads: int) -> list[tuple[DisaggLayout, int]]:
+    """`--disagg auto`: each tp a divisor of the attention heads (no engine takes another)
+    on each side, at a split on a node boundary (dp fills each side), with the number of
+    splits it stands for. A side's figures (its collectives from replica 0, placed from a
+    node boundary; the KV pairs between two sides on different nodes) do not depend on
+    which split it is, so each (prefill tp, decode tp) is priced once, at the split nearest
+    an even one (`split_for`): at most (divisors of the heads)^2 candidates, however many
+    GPUs. `--disagg prefill=...,decode=...`: that one, which must use --gpus exactly."""
     if args.disagg != "auto":
         d = parse_disagg(args.disagg)
-        if d.world_size != gpus:
+        if d.world_size > gpus:
             raise UsageError(f"--disagg {d.text()} has {d.world_size} ranks and --gpus is "
-                             f"{gpus}; add dpN to a side to use them all")
-        return [d]
+                             f"{gpus}: {d.world_size - gpus} too many; lower a side's dp or "
+                             f"tp, or give --gpus {d.world_size}")
+        if d.world_size < gpus:
+            raise UsageError(f"--disagg {d.text()} has {d.world_size} ranks and --gpus is "
+                             f"{gpus}: add dpN to a side to use the other "
+                             f"{gpus - d.world_size}, or give --gpus {d.world_size}")
+        return [(d, 1)]
     out = []
-    for prefill_world in range(per_node, gpus, per_node):
-        decode_world = gpus - prefill_world
-        for a in (x for x in range(1, prefill_world + 1)
-                  if prefill_world % x == 0 and heads % x == 0):
-            for b in (x for x in range(1, decode_world + 1)
-                      if decode_world % x == 0 and heads % x == 0):
-                out.append(DisaggLayout(Layout(tp=a, dp=prefill_world // a),
-                                        Layout(tp=b, dp=decode_world // b)))
+    for a in _divisors(heads):
+        for b in _divisors(heads):
+            found = split_for(gpus, per_node, a, b)
+            if found is not None:
+                prefill_world, count = found
+                out.append((DisaggLayout(Layout(tp=a, dp=prefill_world // a),
+                                         Layout(tp=b, dp=(gpus - prefill_world) // b)), count))
     if not out:
         raise UsageError(f"--disagg auto splits {gpus} GPUs at node boundaries of "
                          f"{per_node}: give more than one node's GPUs, or a --disagg layout")
@@ -176,7 +214,8 @@ def plan_disagg(args: argparse.Namespace, model: ModelConfig, topology: Topology
     workload = Workload(prompt=args.prompt, decode=args.decode, batch=args.batch,
                         dtype=args.dtype)
     priced, refused, notes = [], [], set()
-    for cand in candidates(args, args.gpus, args.gpus_per_node, model.num_attention_heads):
+    for cand, splits in candidates(args, args.gpus, args.gpus_per_node,
+                                   model.num_attention_heads):
         label = cand.text()
         try:
             d: DisaggPattern = generate_disagg(args.engine, model, cand, workload,
@@ -211,7 +250,8 @@ def plan_disagg(args: argparse.Namespace, model: ModelConfig, topology: Topology
         e2e = prefill + moved + (args.decode - 1) * step
         priced.append(DisaggPriced(cand, d.transfer.connector.name, prefill, moved, step, e2e,
                                    d.transfer.total_bytes * args.batch,
-                                   budget.met(prefill + moved, step), crosses, decode_memory))
+                                   budget.met(prefill + moved, step), crosses, decode_memory,
+                                   splits))
     priced.sort(key=lambda p: (not p.meets_budget, p.e2e_us, p.kv_transfer_bytes))
     if priced:
         priced[0] = replace(priced[0], best=True)
@@ -257,6 +297,11 @@ def add_disagg_plan(doc: dict[str, Any], args: argparse.Namespace, model: ModelC
              "inside TTFT; one request path, replica 0 of each side):"]
     if priced:
         lines.append(disagg_table(priced, budgeted))
+        alike = sum(p.splits for p in priced) - len(priced)
+        if alike:
+            lines.append(f"note: {alike:,} other splits at node boundaries have the same "
+                         "sides' tp and price the same (one request path); each is shown at "
+                         "the split nearest an even one (JSON: splits)")
     lines += [f"left out: {r}" for r in refused]
     lines += [f"note: {n}" for n in notes]
     if doc["best_overall"]:

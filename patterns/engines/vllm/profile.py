@@ -330,7 +330,8 @@ def _dp_replicas(model: ModelConfig, layout: Layout, workload: Workload,
 def vllm_v1(model: ModelConfig, layout: Layout, workload: Workload,
             options: EngineOptions) -> Pattern:
     max_seqs = options.max_num_seqs or v1_defaults(options.gpu)[0]
-    largest = max(workload.batch_of(d) for d in range(layout.dp))
+    # Without --dp-batches every DP rank has --batch: not a loop over a million replicas.
+    largest = max(workload.dp_batches) if workload.dp_batches else workload.batch
     if largest > max_seqs:
         raise ConfigError(f"batch({largest}) exceeds max-num-seqs({max_seqs}): vLLM "
                           "would not run it as one batch; use batch <= max-num-seqs")
@@ -346,7 +347,7 @@ def vllm_v1(model: ModelConfig, layout: Layout, workload: Workload,
         return Pattern(engine=INFO.name, model=model, layout=layout, workload=workload,
                        options=options, stages=replicas[0], dp_stages=replicas)
     # Dense at dp > 1: independent replicas (engine spec 10.3), each with its own batch.
-    batches = [workload.batch_of(d) for d in range(layout.dp)]
+    batches = list(workload.dp_batches) if workload.dp_batches else [workload.batch]
     replicas = tuple(
         tuple(tuple(_stage_runs(st, options, runner)) for st in stages(
             model, layout, replace(workload, batch=b, dp_batches=None), options, counts))
