@@ -159,7 +159,9 @@ def test_sglang_llama_eagle_k3(tp, shard, step_bytes):
                          [Request(0, 16, 9)], None, EngineOptions(), None, s)
     decode = p.schedule.segments[1]
     step = p.segment_steps[1]
-    assert decode.repeat == 4  # ceil(8 / 2.5)
+    # ceil(8 / 2.5) = 4 verify steps yield its tokens; under the overlap scheduler (SGLang's
+    # default) the request, not yet known finished, rides one more decode batch: 5.
+    assert decode.repeat == 5 and tuple(p.schedule.spans[0].decode) == (1, 5)
     assert [(o.tag, o.shape) for o in step.ops if o.tag.endswith("logits")] == [
         ("draft.0.logits", (1, shard)), ("draft.1.logits", (1, shard)),
         ("logits", (4, shard)), ("draft_extend_after_decode.logits", (1, shard))]
@@ -182,7 +184,12 @@ def test_sglang_deepseek_v3_mtp_k1_tp4():
     p = workload_pattern("sglang", resolve_model("deepseek-v3"), Layout(tp=4),
                          [Request(0, 16, 9)], None, EngineOptions(), None, s)
     step = p.segment_steps[1]
-    assert p.schedule.segments[1].repeat == 5
+    # ceil(8 / 1.8) = 5 verify steps, + 1 ride under the overlap scheduler.
+    assert p.schedule.segments[1].repeat == 6
+    sync = workload_pattern("sglang", resolve_model("deepseek-v3"), Layout(tp=4),
+                            [Request(0, 16, 9)], None,
+                            EngineOptions(disable_overlap_schedule=True), None, s)
+    assert sync.schedule.segments[1].repeat == 5 and sync.segment_steps[1] == step
     assert len(step.ops) == 128 and sum(o.bytes for o in step.ops) == 3_806_592
     assert step.ops[-1].tag == "draft_extend_after_decode.logits"
 
@@ -219,3 +226,19 @@ def test_async_scheduling_with_ngram_refused():
         workload_pattern("vllm", resolve_model("llama-3.1-8b"), Layout(tp=4),
                          [Request(0, 16, 9)], None, EngineOptions(async_scheduling=True),
                          None, s)
+
+
+@pytest.mark.parametrize("given, first_batch", [
+    # SGLang sets max_running_requests to 48 with speculative decoding when none is given
+    # (arg_groups/speculative_hook.py:254-258 @ 8905cbd4): of 50 prompts of 4 tokens
+    # arriving at 0, the first extend takes 48 (192 tokens, within the 8192 chunk).
+    (None, 48),
+    (64, 50),  # --max-running-requests 64 given: all 50 (200 tokens).
+])
+def test_sglang_speculation_caps_running_requests_at_48(given, first_batch):
+    s = parse_spec('{"method": "eagle", "num_speculative_tokens": 1}', 1.5, None)
+    p = workload_pattern("sglang", resolve_model("llama-3.1-8b"), Layout(tp=2),
+                         [Request(0, 4, 3)] * 50, None, EngineOptions(max_num_seqs=given),
+                         None, s)
+    first = p.schedule.segments[0].shape
+    assert (first.prefill_seqs, first.prefill_tokens) == (first_batch, 4 * first_batch)

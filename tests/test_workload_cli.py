@@ -83,6 +83,8 @@ def test_step_time_without_requests_refused():
     ("--async-scheduling", "sglang", "--async-scheduling / --no-async-scheduling does not "
      "apply to engine sglang; it applies to vllm"),
     ("--no-async-scheduling", "sglang", "it applies to vllm"),
+    ("--disable-overlap-schedule", "vllm", "--disable-overlap-schedule does not apply to "
+     "engine vllm; it applies to sglang"),
 ])
 def test_scheduling_switch_of_another_engine_refused(tmp_path, flag, engine, words):
     proc, _ = infercomm(*BASE, "--prompt", "8", "--decode", "2", "--engine", engine, flag)

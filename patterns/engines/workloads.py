@@ -80,6 +80,9 @@ def vllm_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request
                          source, spec.method if spec else "")
 
 
+SGLANG_SPEC_MAX_RUNNING = 48
+
+
 def sglang_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request],
                     dtype: str | None, options: EngineOptions, step_time_s: float | None,
                     spec: SpecConfig | None, source: str, mixed: bool) -> WorkloadPattern:
@@ -87,8 +90,12 @@ def sglang_workload(model: ModelConfig, layout: Layout, requests: Sequence[Reque
         raise ConfigError("--mixed-chunk with --speculative-config: SGLang runs them apart "
                           "(speculative decoding turns mixed chunks off); drop --mixed-chunk")
     budget = options.max_batched_tokens or sglang_profile.chunked_prefill_size(options.gpu)
-    schedule = schedule_sglang(requests, step_time_s, budget, mixed, options.max_num_seqs,
-                               spec.k if spec else 0, spec.acceptance_length if spec else 1.0)
+    # --max-running-requests: SGLang sets 48 under speculative decoding when none is given
+    # (arg_groups/speculative_hook.py:254-258 @ 8905cbd4).
+    max_running = options.max_num_seqs or (SGLANG_SPEC_MAX_RUNNING if spec else None)
+    schedule = schedule_sglang(requests, step_time_s, budget, mixed, max_running,
+                               spec.k if spec else 0, spec.acceptance_length if spec else 1.0,
+                               overlap=not options.disable_overlap_schedule)
     prefill_sizes = [] if options.eager else sglang_profile.prefill_graph_sizes(
         min(budget, 2048) if model.mla else budget)
     decode_sizes = [] if options.eager else sglang_profile.decode_graph_sizes(layout.tp,

@@ -53,7 +53,8 @@ INFO = EngineInfo(
     engine="SGLang",
     version="0.5.x (main of 2026-07-20, about 0.5.15)",
     source="sgl-project/sglang main 2026-07-20 = modal-projects/sglang @ 8905cbd4",
-    options=("eager", "max_batched_tokens", "control_plane", "gpu", "nccl_only", "a2a"),
+    options=("eager", "max_batched_tokens", "control_plane", "gpu", "nccl_only", "a2a",
+             "disable_overlap_schedule"),
     not_modelled=(
         "DP attention at pp > 1; its prefill CUDA graphs, two-batch overlap, "
         "SGLANG_DP_USE_GATHERV, enable_dp_lm_head (patterns/moe.py lists them)",
