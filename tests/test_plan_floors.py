@@ -69,30 +69,28 @@ def test_an_op_the_sweep_lacks_is_priced_by_its_stand_in(cli, tmp_path):
     # [2, 1]: 8 B each) after the two sends of a step. FLAT has no broadcast: each is priced
     # as the all-reduce of 8 B over 2 ranks, 10 us. Stage 0: sends at 0, 1 (gap 1, latency
     # 4 / 2 = 2: arrive 2, 3), clock 2, broadcasts 12, 22. Stage 1: recvs at max(1, 2) = 2,
-    # max(3, 3) = 3, broadcasts 13, 23: prefill 23. Each decode step starts on stage 0 at
-    # the end of the last (the engine's order) and repeats the chain, 23, but the last of the
-    # 3, which has no next step to broadcast for: its sends arrive 3 after it starts. Decode
-    # 23 + 23 + 3 = 49 (16.333 a step), 23 + 49 = 72 end to end.
+    # max(3, 3) = 3, broadcasts 13, 23: prefill 23. Each of the 3 decode steps starts on
+    # stage 0 at the end of the last (the engine's order) and repeats the chain (under async
+    # scheduling, vLLM's default, the last step broadcasts too): 23 a step, 23 + 3 x 23 = 92.
     argv = ["--engine", "vllm", "--gpus", "2", "--gpus-per-node", "2", "--format", "json"]
     status, out, err = _plan(cli, tmp_path, *argv)
     assert status == 0, err
     doc = json.loads(out)
     pp2 = next(r for r in doc["layouts"] if (r["tp"], r["pp"]) == (1, 2))
-    assert (pp2["prefill_us"], pp2["decode_step_us"], pp2["e2e_us"]) == (23, 16.333, 72)
+    assert (pp2["prefill_us"], pp2["decode_step_us"], pp2["e2e_us"]) == (23, 23, 92)
     said = [n for n in doc["notes"] if "no broadcast" in n]
     assert said == ["the sweep has no broadcast: each is priced as the sweep's allreduce at "
                     "the same size and group (approximate; analysis/fits.py SUBSTITUTES); "
                     "sweep --op broadcast to measure it"]
     assert not doc["refused"]
     # With a broadcast of 5 us in the sweep, the sweep's own: stage 0 2 + 10 = 12, stage 1
-    # 3 + 10 = 13; a step from 13: arrivals 15, 16, stage 1 ends 16 + 10 = 26: 13 a step,
-    # and 3 for the last: (13 + 13 + 3) / 3 = 9.667.
+    # 3 + 10 = 13; a step from 13: arrivals 15, 16, stage 1 ends 16 + 10 = 26: 13 a step.
     status, out, err = _plan(cli, tmp_path / "b", *argv,
                              lines={**FLAT, "broadcast": (5.0, 0.0)})
     assert status == 0, err
     doc = json.loads(out)
     pp2 = next(r for r in doc["layouts"] if (r["tp"], r["pp"]) == (1, 2))
-    assert (pp2["prefill_us"], pp2["decode_step_us"]) == (13, 9.667)
+    assert (pp2["prefill_us"], pp2["decode_step_us"]) == (13, 13)
     assert not [n for n in doc["notes"] if "no broadcast" in n]
 
 
