@@ -45,6 +45,10 @@ class ModelConfig:
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
     weight_format: str = ""  # quantization_config.quant_method: "fp8", "mxfp4" or ""
+    # Sliding-window attention: the window in tokens and the layers that use it (HF
+    # `sliding_window` and `layer_types`); 0 / () where every layer attends to everything.
+    sliding_window: int = 0
+    sliding_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.moe_layers is None:
@@ -146,8 +150,11 @@ PRESETS: dict[str, ModelConfig] = {m.name: m for m in (
                 num_attention_heads=64, num_key_value_heads=8, intermediate_size=2880,
                 torch_dtype="fp32", num_local_experts=128, num_experts_per_tok=4,
                 model_type="gpt_oss", head_dim=64, weight_format="mxfp4",
+                sliding_window=128, sliding_layers=tuple(range(0, 36, 2)),
                 source=_HF + "openai/gpt-oss-120b config.json (as tests/data/configs/"
-                       "gpt-oss-20b with 36 layers, 128 experts; no torch_dtype: bf16)"),
+                       "gpt-oss-20b with 36 layers, 128 experts; no torch_dtype: bf16; "
+                       "layer_types alternate sliding_attention (window 128) and "
+                       "full_attention from layer 0)"),
 )}
 
 # max_position_embeddings of each preset, from the config.json its `source` names.
@@ -220,6 +227,17 @@ def _weight_shapes(raw: dict[str, object]) -> dict[str, object]:
             "weight_format": method if method in ("fp8", "mxfp4") else ""}
 
 
+def _sliding(raw: dict[str, object], layers: int) -> dict[str, object]:
+    """`sliding_window` and the layers `layer_types` marks "sliding_attention" (both needed:
+    a window without layer types, or a type list of another length, is left out)."""
+    window, types = raw.get("sliding_window"), raw.get("layer_types")
+    if (not isinstance(window, int) or isinstance(window, bool) or window <= 0
+            or not isinstance(types, list) or len(types) != layers):
+        return {}
+    sliding = tuple(i for i, kind in enumerate(types) if kind == "sliding_attention")
+    return {"sliding_window": window, "sliding_layers": sliding} if sliding else {}
+
+
 def model_name(raw: dict, file: Path, hidden: int, layers: int) -> str:
     """A name from the model itself, never from the folder holding the file (a Hugging Face
     cache folder is a commit hash): `_name_or_path`'s last part, else model_type with its size,
@@ -285,6 +303,7 @@ def from_hf_config(path: str | Path) -> ModelConfig:
         moe_layers=_moe_layers(raw, values["num_hidden_layers"], experts),
         mla=bool(raw.get("kv_lora_rank")),
         **_weight_shapes(raw),
+        **_sliding(raw, values["num_hidden_layers"]),
         max_position_embeddings=(positions if isinstance(positions, int)
                                  and not isinstance(positions, bool) and positions > 0 else 0),
         **values,

@@ -40,13 +40,14 @@ def test_disagg_candidate_priced_by_hand(cli, tmp_path):
     # Prefill side TP2 (ranks 0, 1: one node), vLLM V1 on tiny: 9 all-reduces (1 + 2 a layer
     # of 4) at 10 us and the logits all-gather at 30: 120 us; the decode step the same calls:
     # 120 us. KV: tiny has 4 KV heads of 16 (hidden 64 / 4 heads), 4 layers; TP2 -> TP2 is
-    # 2 pairs (prefill 0 -> decode rank 2, 1 -> 3), each 4 layers x 2 (K, V) x 1 block
-    # (8 tokens in a block of 16) = 8 descriptors, across nodes (ranks 0, 1 | 2, 3): 8/10 of
-    # the inter-node transfer of 10 descriptors, 1000 us: 800 us; each rank is in one pair.
-    assert (row["prefill_us"], row["decode_step_us"], row["kv_transfer_us"]) == (120, 120, 800)
-    # TTFT's communication 120 + 800; end to end adds 3 decode steps: 920 + 360 = 1,280.
-    assert (row["ttft_comm_us"], row["e2e_us"]) == (920, 1280)
-    # 2 pairs x 8 descriptors x 16 tokens x 2 heads x 16 x 2 bytes = 16,384 bytes.
+    # 2 pairs (prefill 0 -> decode rank 2, 1 -> 3), each 4 layers x 1 region (K and V packed)
+    # x 1 block (8 tokens in a block of 16) = 4 descriptors, across nodes (ranks 0, 1 | 2, 3):
+    # 4/10 of the inter-node transfer of 10 descriptors, 1000 us: 400 us; each rank is in
+    # one pair.
+    assert (row["prefill_us"], row["decode_step_us"], row["kv_transfer_us"]) == (120, 120, 400)
+    # TTFT's communication 120 + 400; end to end adds 3 decode steps: 520 + 360 = 880.
+    assert (row["ttft_comm_us"], row["e2e_us"]) == (520, 880)
+    # 2 pairs x 4 descriptors x 16 tokens x 2 heads x (K 16 + V 16) x 2 bytes = 16,384 bytes.
     assert row["kv_transfer_bytes"] == 16_384 and row["crosses_nodes"] and row["best"]
     assert doc["best_overall"].startswith(("colocated", "disaggregated"))
     assert doc["layouts"]  # the colocated layouts are still there
@@ -117,3 +118,31 @@ def test_auto_on_a_million_gpus_answers(tmp_path):
         "--kv-sweep", str(kv_sweep(tmp_path / "kv", 100.0, 10)), timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert seconds < 60 and last_json(proc.stdout)["gpus"] == 1 << 20
+
+
+def test_decode_tp_above_kv_heads_priced(cli, tmp_path):
+    # Tiny with 2 KV heads: prefill TP2 (1 head a rank, node 0) -> decode TP4 (heads
+    # replicated on 2 ranks each, nodes 1 and 2), accepted since vLLM #45879. Decode rank d
+    # reads its head from prefill rank d // 2: 4 pairs of 4 layers x 1 block = 4 descriptors
+    # (16 tokens x 1 head x (16 + 16) x 2 bytes = 1,024 bytes each), all across nodes: 4/10
+    # x 1000 us = 400 us a pair; prefill rank 0 serves 2 pairs: 800 us, the slowest rank.
+    config = json.loads(Path(tiny_model(tmp_path)).read_text())
+    gqa = tmp_path / "gqa.json"
+    gqa.write_text(json.dumps({**config, "num_key_value_heads": 2}))
+    sweeps = ["--sweep", str(fake_sweep(tmp_path / "sweep", FLAT)),
+              "--sweep-inter", str(fake_sweep(tmp_path / "inter", FLAT)),
+              "--kv-sweep", str(kv_sweep(tmp_path / "kv", 100.0, 10)),
+              "--kv-sweep-inter", str(kv_sweep(tmp_path / "kvx", 1000.0, 10))]
+    base = ["plan", "--model", str(gqa), "--gpus", "6", "--gpus-per-node", "2", "--prompt", "8",
+            "--decode", "4", "--engine", "vllm", "--format", "json", *sweeps]
+    status, out, err = cli(*base, "--disagg", "auto")
+    assert status == 0, err
+    rows = {r["disagg"]: r for r in json.loads(out)["disagg_layouts"]}
+    row = rows["prefill=tp2,decode=tp4"]
+    assert (row["kv_transfer_us"], row["kv_transfer_bytes"]) == (800, 4 * 4 * 1_024)
+    # The connector before #45879 refuses that layout (said under disagg_refused).
+    status, out, err = cli(*base, "--disagg", "prefill=tp2,decode=tp4", "--connector-version",
+                           "cda19ecf")
+    assert status == 0, err
+    doc = json.loads(out)
+    assert doc["disagg_layouts"] == [] and "before #45879" in doc["disagg_refused"][0]

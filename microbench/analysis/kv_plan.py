@@ -32,8 +32,8 @@ from patterns.disagg.layouts import DisaggLayout, side_text
 from patterns.weights import gpu_memory_bytes
 
 # What a colocated pattern is made with: none of the disaggregated options.
-COLOCATED = {"disagg": None, "connector": None, "kv_cache_dtype": "auto",
-             "kv_block_size": None}
+COLOCATED = {"disagg": None, "connector": None, "connector_version": None,
+             "kv_cache_dtype": "auto", "kv_block_size": None}
 KV_OP = "kvtransfer"
 
 
@@ -124,19 +124,20 @@ def transfer_us(t: KVTransfer, offset: int, per_node: int, fits: KVFits, batch: 
         src, dst = pair.prefill, offset + pair.decode
         across = src // per_node != dst // per_node
         crosses |= across
-        k, size = t.descriptor_count(pair), t.descriptor_bytes(pair)
-        if not across:
-            cost = fits.intra.time_us(size) * k / fits.descriptors
-        elif fits.inter is not None:
-            cost = fits.inter.time_us(size) * k / fits.descriptors
-        elif fits.stream_inter is not None:
-            notes.add("KV pairs across nodes priced by the inter-node stream fit, a message a "
-                      "descriptor: pass --kv-sweep-inter (sweep --op kvtransfer across two "
-                      "nodes) for the transfer's own figures")
-            cost = fits.stream_inter.time_us(size) * k
-        else:
-            raise UsageError("a KV pair crosses nodes and no inter-node fit was given; pass "
-                             "--kv-sweep-inter or --sweep-inter")
+        cost = 0.0
+        for k, size in t.descriptor_groups(pair):
+            if not across:
+                cost += fits.intra.time_us(size) * k / fits.descriptors
+            elif fits.inter is not None:
+                cost += fits.inter.time_us(size) * k / fits.descriptors
+            elif fits.stream_inter is not None:
+                notes.add("KV pairs across nodes priced by the inter-node stream fit, a "
+                          "message a descriptor: pass --kv-sweep-inter (sweep --op kvtransfer "
+                          "across two nodes) for the transfer's own figures")
+                cost += fits.stream_inter.time_us(size) * k
+            else:
+                raise UsageError("a KV pair crosses nodes and no inter-node fit was given; "
+                                 "pass --kv-sweep-inter or --sweep-inter")
         for rank in (src, dst):
             busy[rank] = busy.get(rank, 0.0) + cost * batch
     return max(busy.values(), default=0.0), crosses
@@ -221,7 +222,8 @@ def plan_disagg(args: argparse.Namespace, model: ModelConfig, topology: Topology
             d: DisaggPattern = generate_disagg(args.engine, model, cand, workload,
                                                engine_options(args), args.connector,
                                                args.kv_cache_dtype, args.kv_block_size,
-                                               check_memory=False)
+                                               check_memory=False,
+                                               connector_version=args.connector_version)
         except ConfigError as err:
             refused.append(f"{label}: {err}")
             continue

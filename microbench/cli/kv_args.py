@@ -21,12 +21,18 @@ def add_disagg_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--connector", default=None,
                        help="with --disagg: the engine's KV connector, nixl (vllm; sglang) "
                             "or mooncake (sglang) (default: vllm nixl, sglang mooncake)")
+    group.add_argument("--connector-version", default=None, metavar="COMMIT",
+                       help="with --disagg: the engine commit whose connector is modelled "
+                            "(vllm: c8109375, K and V packed, the default; cda19ecf, K and V "
+                            "two regions, before vLLM #44455; sglang: 8905cbd4)")
     group.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
                        help="with --disagg: the KV cache's dtype, auto (the model's) or fp8 "
                             "(one byte an element)")
     group.add_argument("--kv-block-size", type=positive_int, default=None, metavar="TOKENS",
                        help="with --disagg: tokens a KV block (vllm --block-size, sglang "
-                            "--page-size; default the engine's: vllm 16, 64 for MLA; sglang 1)")
+                            "--page-size; default the engine's: vllm 16, for MLA the "
+                            "attention backend's (h100/h200: 16, fp8 cache 64; b200: 32); "
+                            "sglang 1)")
 
 
 def disagg_from_args(args: argparse.Namespace) -> DisaggPattern:
@@ -38,7 +44,8 @@ def disagg_from_args(args: argparse.Namespace) -> DisaggPattern:
                         dtype=args.dtype, dp_batches=getattr(args, "dp_batches", None))
     return generate_disagg(args.engine, model, parse_disagg(args.disagg), workload,
                            engine_options(args), args.connector, args.kv_cache_dtype,
-                           args.kv_block_size)
+                           args.kv_block_size,
+                           connector_version=getattr(args, "connector_version", None))
 
 
 def engine_options(args: argparse.Namespace) -> EngineOptions:
@@ -58,6 +65,7 @@ def refuse_disagg_options(args: argparse.Namespace) -> None:
                          "it here")
     given = [flag for flag, value, default in (
         ("--connector", getattr(args, "connector", None), None),
+        ("--connector-version", getattr(args, "connector_version", None), None),
         ("--kv-cache-dtype", getattr(args, "kv_cache_dtype", "auto"), "auto"),
         ("--kv-block-size", getattr(args, "kv_block_size", None), None),
         ("--kv-transport", getattr(args, "kv_transport", None), None),
@@ -98,6 +106,7 @@ def print_disagg(args: argparse.Namespace) -> int:
     print(disagg_table(d))
     t = d.transfer
     print(json.dumps({"engine": args.engine, "connector": t.connector.name,
+                      "connector_version": t.connector.version,
                       "model": d.decode.model.name, "disagg": d.disagg.text(),
                       "kv_transfer_bytes": t.total_bytes, "direction": t.direction,
                       "pairs": sum(1 for p in t.pairs if not p.dummy)}, separators=(",", ":")))

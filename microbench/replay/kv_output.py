@@ -46,7 +46,8 @@ def write_transfer(d: DisaggPattern, args: argparse.Namespace, gathered: list[tu
     where = cpus.placement(hosts, "cpu")
     head = {"kind": "kvtransfer", "backend": backend.name, "kv_transport": args.kv_transport,
             "device": "cpu", "world_size": backend.world_size, "engine": args.engine,
-            "connector": t.connector.name, "direction": t.direction,
+            "connector": t.connector.name, "connector_version": t.connector.version,
+            "direction": t.direction,
             "model": d.decode.model.name, "disagg": d.disagg.text(),
             "prompt": t.tokens, "kv_cache_dtype": d.kv_cache_dtype,
             "kv_transfer_bytes": t.total_bytes,

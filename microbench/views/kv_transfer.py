@@ -18,6 +18,8 @@ def pair_dict(transfer: KVTransfer, pair: Pair, decode_offset: int) -> dict[str,
             "prefill_tp_rank": pair.prefill, "decode_tp_rank": pair.decode,
             "bytes": transfer.pair_bytes(pair), "descriptors": transfer.descriptor_count(pair),
             "descriptor_bytes": 0 if pair.dummy else transfer.descriptor_bytes(pair),
+            "descriptor_groups": [{"descriptors": n, "bytes": size}
+                                  for n, size in transfer.descriptor_groups(pair)],
             "src_head": pair.src_head, "dst_head": pair.dst_head, "heads": pair.heads,
             "notification_only": pair.dummy}
 
@@ -27,14 +29,13 @@ def transfer_rows(transfer: KVTransfer) -> list[dict[str, Any]]:
     op = "kv_read" if transfer.direction == "read" else "kv_write"
     rows: dict[tuple[int, int], dict[str, Any]] = {}
     for pair in transfer.pairs:
-        key = (transfer.descriptor_count(pair), 0 if pair.dummy else
-               transfer.descriptor_bytes(pair))
-        if key not in rows:
-            rows[key] = {"phase": "transfer", "stage": 0, "op": op, "group": "kv",
-                         "group_size": 2, "shape": [key[1]], "out_shape": [key[1]],
-                         "dtype": "uint8", "count": key[0], "bytes": key[1],
-                         "transport": transfer.connector.name, "pairs": 0}
-        rows[key]["pairs"] += 1
+        for key in transfer.descriptor_groups(pair) or [(0, 0)]:
+            if key not in rows:
+                rows[key] = {"phase": "transfer", "stage": 0, "op": op, "group": "kv",
+                             "group_size": 2, "shape": [key[1]], "out_shape": [key[1]],
+                             "dtype": "uint8", "count": key[0], "bytes": key[1],
+                             "transport": transfer.connector.name, "pairs": 0}
+            rows[key]["pairs"] += 1
     return list(rows.values())
 
 
@@ -60,8 +61,10 @@ def disagg_document(d: DisaggPattern) -> dict[str, Any]:
                        "prefill_rank_bytes": t.prefill.rank_bytes,
                        "decode_rank_bytes": t.decode.rank_bytes}
     doc["kv_transfer_bytes"] = t.total_bytes
+    doc["kv_cache"]["attention_backend"] = t.backend or None
     doc["kv_transfer"] = {"direction": t.direction, "granularity": t.granularity,
-                          "when": t.when, "tokens": t.tokens,
+                          "when": t.when, "tokens": t.tokens, "transfers": t.transfers,
+                          "chunk_blocks": list(t.chunks) or None,
                           "pairs": [pair_dict(t, p, d.disagg.decode_offset) for p in t.pairs]}
     doc["rows"] = (_side_rows(d.prefill, Phase.PREFILL, "prefill")
                    + [{**row, "side": "transfer"} for row in transfer_rows(t)]
@@ -89,6 +92,7 @@ def _prefill_volume(pattern: Any) -> Any:
 def disagg_notes(d: DisaggPattern) -> list[str]:
     t = d.transfer
     notes = [f"{t.connector.source}: {t.when}",
+             *_cache_notes(d),
              "the decode side's rows are its decode steps; its prefill step is replaced by "
              "the transfer (vLLM's first decode-side step also recomputes the last prompt "
              "token)",
@@ -102,18 +106,35 @@ def disagg_notes(d: DisaggPattern) -> list[str]:
     return notes
 
 
+def _cache_notes(d: DisaggPattern) -> list[str]:
+    t, model = d.transfer, d.decode.model
+    notes = []
+    if t.backend:
+        notes.append(f"blocks of {t.prefill.block_tokens} tokens: vLLM's {t.backend} attention "
+                     f"backend on the {d.decode.options.gpu}")
+    if t.connector.engine == "vllm" and model.sliding_window and model.sliding_layers:
+        kept = -(-model.sliding_window // t.prefill.block_tokens) + 1
+        notes.append(f"hybrid KV cache manager: {t.prefill.layers} tensors a rank shared by the "
+                     f"full and sliding-window groups; sliding-window groups "
+                     f"({model.sliding_window} tokens) move their last {kept} blocks at most")
+    if t.transfers > 1:
+        notes.append(f"chunked prefill: {t.transfers} transfers of "
+                     f"{', '.join(map(str, t.chunks))} pages (one a chunk)")
+    return notes
+
+
 def disagg_table(d: DisaggPattern) -> str:
     t = d.transfer
     m, w = d.decode.model, d.decode.workload
     direction = "decode ranks READ (pull)" if t.direction == "read" else \
         "prefill ranks WRITE (push)"
-    lines = [f"{d.decode.engine} {t.connector.name} | {m.name} | prefill "
+    lines = [f"{d.decode.engine} {t.connector.name} @ {t.connector.version} | {m.name} | prefill "
              f"{side_text(d.disagg.prefill)} -> decode {side_text(d.disagg.decode)} "
              f"({d.disagg.world_size} ranks) | prompt={w.prompt} decode={w.decode} "
              f"batch={w.batch} {w.dtype} | kv cache {d.kv_cache_dtype}",
              f"KV transfer of one request: {format_bytes(t.total_bytes)} ({t.total_bytes:,} "
              f"bytes), {t.prefill.blocks} blocks of {t.prefill.block_tokens} tokens x "
-             f"{t.prefill.layers} layers x {t.prefill.regions} region(s); {direction}; "
+             f"{t.prefill.layers * t.prefill.regions} regions; {direction}; "
              f"{sum(1 for p in t.pairs if not p.dummy)} rank pairs", ""]
     header = ["prefill rank", "decode rank", "descriptors", "bytes/descriptor", "bytes",
               "heads"]

@@ -8,6 +8,7 @@ from patterns.disagg.layouts import DisaggLayout, connector_of
 from patterns.disagg.transfer import KVTransfer, plan_transfer
 from patterns.dtypes import DTYPE_BYTES
 from patterns.engines import generate
+from patterns.engines.sglang import chunked_prefill_size
 from patterns.errors import ConfigError
 from patterns.layout import Workload
 from patterns.models import ModelConfig
@@ -32,11 +33,20 @@ class DisaggPattern:
 
 
 def decode_memory(model: ModelConfig, disagg: DisaggLayout, workload: Workload, dtype: str,
-                  kv_cache_dtype: str) -> tuple[int, int]:
+                  kv_cache_dtype: str, engine: str = "vllm", block: int = 16
+                  ) -> tuple[int, int]:
     """(weights, KV cache) of the fullest decode rank when it holds the batch's whole
-    sequences (prompt + output tokens of each request), from patterns/weights.py."""
-    tokens = workload.batch * (workload.prompt + workload.decode)
-    weights, cache = gpu_memory_bytes(model, disagg.decode, dtype, tokens)
+    sequences (prompt + output tokens of each request), from patterns/weights.py. vLLM's
+    hybrid manager keeps a sliding-window layer's last cdiv(window, block) + 1 blocks of a
+    request (patterns/disagg/vllm_nixl.py), so those layers count that much, not more."""
+    sequence = workload.prompt + workload.decode
+    weights, cache = gpu_memory_bytes(model, disagg.decode, dtype, workload.batch * sequence)
+    sliding = len(model.sliding_layers) if model.sliding_window else 0
+    if engine == "vllm" and sliding:
+        kept = min(sequence, (-(-model.sliding_window // block) + 1) * block)
+        layers = model.num_hidden_layers
+        cache = cache * (layers - sliding) // layers + cache * sliding * kept // (
+            layers * sequence)
     element = kv_element_bytes(model, dtype, kv_cache_dtype)
     return weights, cache * element // DTYPE_BYTES[dtype]
 
@@ -58,18 +68,25 @@ def check_decode_fits(model: ModelConfig, disagg: DisaggLayout, memory: tuple[in
 def generate_disagg(engine: str, model: ModelConfig, disagg: DisaggLayout, workload: Workload,
                     options: EngineOptions, connector: str | None = None,
                     kv_cache_dtype: str = "auto", block_tokens: int | None = None,
-                    check_memory: bool = True) -> DisaggPattern:
+                    check_memory: bool = True, connector_version: str | None = None
+                    ) -> DisaggPattern:
     """Both sides' patterns and one request's KV transfer; ConfigError on bad input
     (check_memory: a decode side that cannot hold the batch on options.gpu)."""
-    chosen = connector_of(engine, connector)
+    chosen = connector_of(engine, connector, connector_version)
     if workload.dp_batches is not None:
         raise ConfigError("--dp-batches does not apply to --disagg; give --batch (per replica)")
+    # The whole sequence first: the prefill side's pattern is made with decode 1, and its
+    # refusal would name that, not the decode length given.
+    model.check_sequence(workload.prompt, workload.decode)
     dtype = workload.dtype or model.default_dtype
     prefill = generate(engine, model, disagg.prefill, replace(workload, decode=1), options)
     decode = generate(engine, model, disagg.decode, workload, options)
+    chunk = (options.max_batched_tokens or chunked_prefill_size(options.gpu)
+             if engine == "sglang" else None)
     transfer = plan_transfer(model, disagg, chosen, workload.prompt, dtype, kv_cache_dtype,
-                             block_tokens)
-    memory = decode_memory(model, disagg, workload, dtype, kv_cache_dtype)
+                             block_tokens, options.gpu, chunk)
+    memory = decode_memory(model, disagg, workload, dtype, kv_cache_dtype, engine,
+                           transfer.prefill.block_tokens)
     if check_memory:
         check_decode_fits(model, disagg, memory, options.gpu)
     return DisaggPattern(disagg, prefill, decode, transfer, kv_cache_dtype, memory)

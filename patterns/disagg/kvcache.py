@@ -8,11 +8,13 @@ MLA's cached latent (kv_lora_rank + qk_rope_head_dim), the same on every TP rank
 Where the bytes lie follows each engine's cache, because the connectors move contiguous
 ranges of it:
 
-- vLLM: per layer, K and V are two regions (FlashAttention's [2, blocks, ...] registered as
-  separate NIXL regions, `TpKVTopology.split_k_and_v`, kv_connector/utils.py:385 @
-  cda19ecf); the NixlConnector asks for the HND layout (nixl/connector.py:130), so inside a
-  block of `block_size` tokens each head's tokens are contiguous: a run of heads of a block
-  is one range. MLA has one region a layer (the latent), not split.
+- vLLM: head-major blocks (HND), so inside a block of `block_size` tokens each head's tokens
+  are contiguous and a run of heads of a block is one range. Today (c8109375) K and V are
+  packed into each token's content (one region a layer, `head_bytes` covering K and V:
+  patterns/disagg/vllm_nixl.py); before #44455 (cda19ecf) they were two regions a layer
+  (`TpKVTopology.split_k_and_v`, kv_connector/utils.py:385 @ cda19ecf). MLA has one region
+  a layer (the latent). Under the hybrid KV cache manager a region is one of the tensors
+  the groups share and holds every group's blocks of the request (`layers` counts regions).
 - SGLang: per layer a K and a V buffer of [tokens, heads, head_dim] (token-major): a page of
   `page_size` tokens is contiguous, a run of heads is contiguous only within one token.
 
@@ -88,17 +90,22 @@ def check_kv_heads(model: ModelConfig, tp: int, side: str) -> None:
 
 
 def side_cache(model: ModelConfig, tp: int, tokens: int, block_tokens: int, dtype: str,
-               kv_cache_dtype: str, heads_outer: bool, side: str) -> SideCache:
+               kv_cache_dtype: str, heads_outer: bool, side: str, packed: bool = False,
+               layers: int | None = None, blocks: int | None = None) -> SideCache:
+    """packed: K and V in one region (vLLM since #44455); layers, blocks: regions a rank
+    and blocks of the request in each (default: every layer, every block of `tokens`)."""
     check_kv_heads(model, tp, side)
     mla = is_mla(model)
     # weights.py counts in the dtype it is given; fp8 is one byte, as uint8 is.
     element = kv_element_bytes(model, dtype, kv_cache_dtype)
     per_token_layer = kv_bytes_per_token_layer(model, tp, "uint8" if element == 1 else dtype)
-    regions = 1 if mla else 2
+    regions = 1 if mla or packed else 2
     heads = 1 if mla else max(model.num_key_value_heads // tp, 1)
     head_bytes = per_token_layer // (regions * heads)
-    blocks = -(-tokens // block_tokens)
-    return SideCache(tp=tp, layers=model.num_hidden_layers, regions=regions, heads=heads,
+    if blocks is None:
+        blocks = -(-tokens // block_tokens)
+    return SideCache(tp=tp, layers=layers or model.num_hidden_layers, regions=regions,
+                     heads=heads,
                      head_bytes=head_bytes, block_tokens=block_tokens, blocks=blocks,
                      heads_outer=heads_outer,
                      replicated=mla or tp > model.num_key_value_heads)

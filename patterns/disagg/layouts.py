@@ -4,27 +4,27 @@
 engine allows; pipeline parallelism on either side is not modelled). A request is prefilled
 by one DP replica of the prefill side and decoded by one of the decode side; its KV cache
 crosses from the prefill replica's TP ranks to the decode replica's TP ranks through the
-engine's connector:
+engine's connector, at the engine commit `--connector-version` names:
 
 - vLLM's NixlConnector (`nixl`): the decode ranks READ (pull) the blocks from the prefill
-  ranks. vLLM main of 2026-04-17 (commit cda19ecf, PR #40189; public copy
-  zhhangBian/vllm-note), `vllm/distributed/kv_transfer/kv_connector/v1/nixl/worker.py`:
-  `_read_blocks` posts `make_prepped_xfer("READ", ...)` (line 2102), one transfer per remote
-  rank of a request (`_read_blocks_for_req`, line 1904).
+  ranks. vLLM main of 2026-08-03 (c8109375, public copy modal-projects/vllm),
+  `vllm/distributed/kv_transfer/kv_connector/v1/nixl/`: `_read_blocks` posts
+  `make_prepped_xfer("READ", ...)` (pull_worker.py:225-330), one transfer per remote rank of
+  a request (`_read_blocks_for_req`, pull_worker.py:126). The older geometry (cda19ecf,
+  2026-04-17) is kept: patterns/disagg/vllm_nixl.py.
 - SGLang's Mooncake (`mooncake`) and NIXL (`nixl`) backends: the prefill ranks WRITE (push)
-  into blocks the decode side allocated beforehand. SGLang main of 2026-08 (public copy
-  ai-blaise/optimization-playground @ 5fe238c4), `python/sglang/srt/disaggregation/`:
-  mooncake/conn.py `_send_kvcache_generic` (line 562) and `send_kvcache_slice` (line 682)
-  through `batch_transfer_sync`, which is `batch_transfer_sync_write`
-  (`srt/distributed/device_communicators/mooncake_transfer_engine.py:240`); nixl/conn.py
-  `initialize_xfer("WRITE", ...)` (line 810).
+  into blocks the decode side allocated beforehand. SGLang main of 2026-07-20 (8905cbd4,
+  public copy modal-projects/sglang), `python/sglang/srt/disaggregation/`: mooncake/conn.py
+  `_send_kvcache_generic` (line 583) and `send_kvcache_slice` (line 715) through
+  `batch_transfer_sync`; nixl/conn.py `make_prepped_xfer("WRITE", ...)` (lines 1347, 1567):
+  patterns/disagg/sglang_conn.py.
 
 Which TP rank reads from (or writes to) which, and which refusals the engines make, are in
 `patterns/disagg/transfer.py`.
 """
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from patterns.errors import ConfigError
 from patterns.layout import Layout
@@ -39,19 +39,27 @@ class Connector:
     direction: str  # "read": the decode ranks pull; "write": the prefill ranks push
     library: str
     source: str
+    version: str = ""  # the engine commit whose connector is modelled
 
 
 CONNECTORS: dict[str, dict[str, Connector]] = {
     "vllm": {
         "nixl": Connector("vllm", "nixl", "read", "NIXL",
-                          "vLLM NixlConnector (kv_connector/v1/nixl/worker.py @ cda19ecf)"),
+                          "vLLM NixlConnector (kv_connector/v1/nixl/base_worker.py)"),
     },
     "sglang": {
         "mooncake": Connector("sglang", "mooncake", "write", "Mooncake TransferEngine",
-                              "SGLang disaggregation/mooncake/conn.py @ 5fe238c4"),
+                              "SGLang disaggregation/mooncake/conn.py"),
         "nixl": Connector("sglang", "nixl", "write", "NIXL",
-                          "SGLang disaggregation/nixl/conn.py @ 5fe238c4"),
+                          "SGLang disaggregation/nixl/conn.py"),
     },
+}
+
+# The engine commits whose connectors are modelled (`--connector-version`), newest first:
+# the first is the default.
+CONNECTOR_VERSIONS: dict[str, tuple[str, ...]] = {
+    "vllm": ("c8109375", "cda19ecf"),
+    "sglang": ("8905cbd4",),
 }
 
 # Connectors an engine has that are not modelled here (said apart from "no such connector").
@@ -125,9 +133,20 @@ def parse_disagg(text: str) -> DisaggLayout:
     return DisaggLayout(_side("prefill", sides["prefill"]), _side("decode", sides["decode"]))
 
 
-def connector_of(engine: str, name: str | None) -> Connector:
-    """The engine's connector by name (None: the engine's usual one); refuses a connector
-    the engine does not have, and one it has that is not modelled."""
+def connector_of(engine: str, name: str | None, version: str | None = None) -> Connector:
+    """The engine's connector by name (None: the engine's usual one) at `version` (None:
+    the newest modelled); refuses a connector the engine does not have, one it has that is
+    not modelled, and a version not modelled."""
+    chosen = _connector(engine, name)
+    versions = CONNECTOR_VERSIONS[engine]
+    pinned = version if version is not None else versions[0]
+    if pinned not in versions:
+        raise ConfigError(f"--connector-version {pinned!r} is not modelled for {engine}; use "
+                          f"{' or '.join(versions)} (engine commits, newest first)")
+    return replace(chosen, version=pinned, source=f"{chosen.source} @ {pinned}")
+
+
+def _connector(engine: str, name: str | None) -> Connector:
     have = CONNECTORS.get(engine)
     if have is None:
         engines = ", ".join(f"{e} ({'/'.join(c)})" for e, c in CONNECTORS.items())

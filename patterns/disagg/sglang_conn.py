@@ -1,0 +1,71 @@
+"""SGLang's disaggregation connectors (sgl-project/sglang main of 2026-07-20, read at the
+public copy modal-projects/sglang @ 8905cbd4, `python/sglang/srt/disaggregation/`): what
+each descriptor of a transfer covers, and which heads go where.
+
+Both write from the prefill ranks into pages the decode side set aside; per layer a K and a V
+buffer of [tokens, heads, head_dim] (token-major), so a page of `page_size` tokens is
+contiguous and a run of heads is contiguous only within one token.
+
+- Mooncake, equal tp or MLA: `send_kvcache` -> `_send_kvcache_generic`
+  (mooncake/conn.py:583-713): the request's pages grouped into contiguous runs
+  (`group_concurrent_contiguous`, line 604), one descriptor a run, a layer and K or V.
+- NIXL, equal tp or MLA: since #26406 a prepared descriptor list of every page slot of every
+  buffer (`_init_equal_tp_prep_handle` from `_prepare_payload_xfer`, nixl/conn.py:931-983;
+  `_prep_equal_tp_dlist`, 643-693), indexed by the request's pages on each layer
+  (`repeat_indices_over_layers`, 295-306; `_send_kvcache_generic`'s prepared path,
+  1327-1358): one descriptor a page, a layer and K or V (MLA: one buffer a layer).
+- Different tp (not MLA), both: one descriptor a token slot of every page, a layer and K or
+  V, of the heads the decode rank takes (mooncake/conn.py:715-790 `send_kvcache_slice`;
+  nixl/conn.py:730-864 `_init_hetero_tp_prep_handle`, 1536-1580).
+- Heads, decode tp larger: Mooncake's source head is (d // replication) x decode heads mod
+  prefill heads, replication = decode tp / KV heads where the decode side replicates
+  (mooncake/conn.py:764-774); NIXL's is d x decode heads mod prefill heads, without the
+  replication (nixl/conn.py:772-777), so where the decode side replicates heads NIXL writes
+  decode rank d the head d mod prefill heads of its prefill rank, as its code does. Prefill
+  tp larger: the prefill rank's heads land at (its index // src replication) x its heads
+  mod decode heads (mooncake/conn.py:754-761; nixl/conn.py:757-765).
+- Chunked prefill: each chunk of `chunked_prefill_size` tokens (8192 on H100, H200 and
+  A100, 16384 on B200; `--max-batched-tokens` here) is sent once computed (`send_kv_chunk`,
+  prefill.py:1051-1090; a partial last page waits for the next chunk, line 1069-1071): one
+  transfer a chunk; Mooncake's runs are per chunk.
+"""
+
+from patterns.disagg.vllm_nixl import Read
+
+
+def sglang_writes(kv_heads: int, mla: bool, prefill_tp: int, decode_tp: int, ratio: int,
+                  connector: str) -> list[Read]:
+    """Which prefill rank writes which heads to which decode rank."""
+    # MLA: the one latent a token, counted as one head.
+    p_heads = 1 if mla else max(kv_heads // prefill_tp, 1)
+    d_heads = 1 if mla else max(kv_heads // decode_tp, 1)
+    whole = mla or prefill_tp == decode_tp
+    src_replication = max(1, prefill_tp // kv_heads)
+    dst_replication = max(1, decode_tp // kv_heads)
+    writes = []
+    for d in range(decode_tp):
+        sources = ([d // ratio] if ratio > 0 else
+                   [d * -ratio + i for i in range(-ratio)])
+        for i, p in enumerate(sources):
+            if whole:
+                writes.append(Read(p, d, 0, 0, p_heads, dummy=mla and ratio < 0 and i > 0))
+            elif prefill_tp > decode_tp:
+                dst = (p // src_replication * p_heads) % d_heads
+                writes.append(Read(p, d, 0, dst, p_heads))
+            else:
+                unique = d // dst_replication if connector == "mooncake" else d
+                writes.append(Read(p, d, (unique * d_heads) % p_heads, 0, d_heads))
+    return writes
+
+
+def chunk_tokens(prompt: int, chunk: int, page: int) -> tuple[int, ...]:
+    """Tokens each transfer of a chunked prefill carries: chunk k ends at k x chunk tokens,
+    cut back to a whole page but for the last (the partial page goes with the next)."""
+    count = -(-prompt // chunk)
+    ends = [k * chunk - (k * chunk) % page for k in range(1, count)] + [prompt]
+    sizes, sent = [], 0
+    for end in ends:
+        if end > sent:
+            sizes.append(end - sent)
+            sent = end
+    return tuple(sizes)
