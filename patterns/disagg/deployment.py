@@ -8,7 +8,7 @@ from patterns.disagg.layouts import DisaggLayout, connector_of
 from patterns.disagg.transfer import KVTransfer, plan_transfer
 from patterns.dtypes import DTYPE_BYTES
 from patterns.engines import generate
-from patterns.engines.sglang import chunked_prefill_size
+from patterns.engines.sglang.profile import chunked_prefill_size
 from patterns.errors import ConfigError
 from patterns.layout import Workload
 from patterns.models import ModelConfig
@@ -38,7 +38,7 @@ def decode_memory(model: ModelConfig, disagg: DisaggLayout, workload: Workload, 
     """(weights, KV cache) of the fullest decode rank when it holds the batch's whole
     sequences (prompt + output tokens of each request), from patterns/weights.py. vLLM's
     hybrid manager keeps a sliding-window layer's last cdiv(window, block) + 1 blocks of a
-    request (patterns/disagg/vllm_nixl.py), so those layers count that much, not more."""
+    request (patterns/engines/vllm/nixl_connector.py), so those layers count that much, not more."""
     sequence = workload.prompt + workload.decode
     weights, cache = gpu_memory_bytes(model, disagg.decode, dtype, workload.batch * sequence)
     sliding = len(model.sliding_layers) if model.sliding_window else 0

@@ -11,7 +11,7 @@ ranges of it:
 - vLLM: head-major blocks (HND), so inside a block of `block_size` tokens each head's tokens
   are contiguous and a run of heads of a block is one range. Today (c8109375) K and V are
   packed into each token's content (one region a layer, `head_bytes` covering K and V:
-  patterns/disagg/vllm_nixl.py); before #44455 (cda19ecf) they were two regions a layer
+  patterns/engines/vllm/nixl_connector.py); before #44455 (cda19ecf) they were two regions a layer
   (`TpKVTopology.split_k_and_v`, kv_connector/utils.py:385 @ cda19ecf). MLA has one region
   a layer (the latent). Under the hybrid KV cache manager a region is one of the tensors
   the groups share and holds every group's blocks of the request (`layers` counts regions).

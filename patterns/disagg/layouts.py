@@ -11,13 +11,13 @@ engine's connector, at the engine commit `--connector-version` names:
   `vllm/distributed/kv_transfer/kv_connector/v1/nixl/`: `_read_blocks` posts
   `make_prepped_xfer("READ", ...)` (pull_worker.py:225-330), one transfer per remote rank of
   a request (`_read_blocks_for_req`, pull_worker.py:126). The older geometry (cda19ecf,
-  2026-04-17) is kept: patterns/disagg/vllm_nixl.py.
+  2026-04-17) is kept: patterns/engines/vllm/nixl_connector.py.
 - SGLang's Mooncake (`mooncake`) and NIXL (`nixl`) backends: the prefill ranks WRITE (push)
   into blocks the decode side allocated beforehand. SGLang main of 2026-07-20 (8905cbd4,
   public copy modal-projects/sglang), `python/sglang/srt/disaggregation/`: mooncake/conn.py
   `_send_kvcache_generic` (line 583) and `send_kvcache_slice` (line 715) through
   `batch_transfer_sync`; nixl/conn.py `make_prepped_xfer("WRITE", ...)` (lines 1347, 1567):
-  patterns/disagg/sglang_conn.py.
+  patterns/engines/sglang/disagg_connectors.py.
 
 Which TP rank reads from (or writes to) which, and which refusals the engines make, are in
 `patterns/disagg/transfer.py`.

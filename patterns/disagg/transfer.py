@@ -7,14 +7,14 @@ d|r| + |r| - 1 (prefill tp larger). vLLM `TransferTopology.tp_ratio`,
 `handshake_target_ranks` (kv_connector/utils.py:531-551, 578-588 @ c8109375); SGLang
 `_resolve_rank_mapping` (disaggregation/common/conn.py:485-527 @ 8905cbd4).
 
-vLLM NixlConnector: patterns/disagg/vllm_nixl.py (versions, heads, block sizes, the hybrid
-manager's sliding-window clipping). One descriptor per (region, block) of the request, read
+vLLM NixlConnector: patterns/engines/vllm/nixl_connector.py (versions, heads, block sizes,
+the hybrid manager's sliding-window clipping). One descriptor per (region, block) of the request, read
 by the decode rank: r >= 1, the decode rank's heads of each prefill block, unless the prefill
 cache is replicated (MLA, or prefill tp > KV heads), then the whole block; r < 0, each of
 the |r| reads fills 1/|r| of the decode block; with MLA only the first prefill rank is read
 (`compute_tp_mapping`, nixl/tp_mapping.py:79-84) and the others get a notification.
 
-SGLang Mooncake and NIXL: patterns/disagg/sglang_conn.py.
+SGLang Mooncake and NIXL: patterns/engines/sglang/disagg_connectors.py.
 
 When: no connector moves a layer while the prefill computes. vLLM: the prefill side
 finishes the request after its prefill step (max_tokens 1) and keeps the blocks; the decode
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 from patterns.disagg.kvcache import SideCache, is_mla, side_cache
 from patterns.disagg.layouts import Connector, DisaggLayout
-from patterns.disagg.sglang_conn import chunk_tokens, sglang_writes
-from patterns.disagg.vllm_nixl import cache_groups, mla_block_size, vllm_reads
+from patterns.engines.sglang.disagg_connectors import chunk_tokens, sglang_writes
+from patterns.engines.vllm.nixl_connector import cache_groups, mla_block_size, vllm_reads
 from patterns.errors import ConfigError
 from patterns.models import ModelConfig
 
@@ -187,8 +187,7 @@ def plan_transfer(model: ModelConfig, disagg: DisaggLayout, connector: Connector
                        "decode", **shape)
         reads = vllm_reads(kv, mla, p.tp, d.tp, ratio, connector.version)
         return KVTransfer(connector, prompt, p, d, BLOCK,
-                          tuple(Pair(r.prefill, r.decode, r.src_head, r.dst_head, r.heads,
-                                     r.dummy) for r in reads), WHEN[engine], (), backend)
+                          tuple(Pair(*r) for r in reads), WHEN[engine], (), backend)
     p = side_cache(model, disagg.prefill.tp, prompt, block, dtype, kv_cache_dtype, False,
                    "prefill")
     d = side_cache(model, disagg.decode.tp, prompt, block, dtype, kv_cache_dtype, False,
@@ -198,5 +197,5 @@ def plan_transfer(model: ModelConfig, disagg: DisaggLayout, connector: Connector
     granularity = TOKEN if not whole else RUN if connector.name == "mooncake" else BLOCK
     chunks = tuple(-(-n // block) for n in chunk_tokens(prompt, chunk or prompt, block))
     return KVTransfer(connector, prompt, p, d, granularity,
-                      tuple(Pair(w.prefill, w.decode, w.src_head, w.dst_head, w.heads, w.dummy)
-                            for w in writes), WHEN[engine], chunks if len(chunks) > 1 else ())
+                      tuple(Pair(*w) for w in writes), WHEN[engine],
+                      chunks if len(chunks) > 1 else ())

@@ -30,12 +30,10 @@ contiguous and a run of heads is contiguous only within one token.
   transfer a chunk; Mooncake's runs are per chunk.
 """
 
-from patterns.disagg.vllm_nixl import Read
-
-
 def sglang_writes(kv_heads: int, mla: bool, prefill_tp: int, decode_tp: int, ratio: int,
-                  connector: str) -> list[Read]:
-    """Which prefill rank writes which heads to which decode rank."""
+                  connector: str) -> list[tuple[int, int, int, int, int, bool]]:
+    """Which prefill rank writes which heads to which decode rank: (prefill rank, decode
+    rank, first head within the prefill rank's, where it lands, heads, notification only)."""
     # MLA: the one latent a token, counted as one head.
     p_heads = 1 if mla else max(kv_heads // prefill_tp, 1)
     d_heads = 1 if mla else max(kv_heads // decode_tp, 1)
@@ -48,13 +46,13 @@ def sglang_writes(kv_heads: int, mla: bool, prefill_tp: int, decode_tp: int, rat
                    [d * -ratio + i for i in range(-ratio)])
         for i, p in enumerate(sources):
             if whole:
-                writes.append(Read(p, d, 0, 0, p_heads, dummy=mla and ratio < 0 and i > 0))
+                writes.append((p, d, 0, 0, p_heads, mla and ratio < 0 and i > 0))
             elif prefill_tp > decode_tp:
                 dst = (p // src_replication * p_heads) % d_heads
-                writes.append(Read(p, d, 0, dst, p_heads))
+                writes.append((p, d, 0, dst, p_heads, False))
             else:
                 unique = d // dst_replication if connector == "mooncake" else d
-                writes.append(Read(p, d, (unique * d_heads) % p_heads, 0, d_heads))
+                writes.append((p, d, (unique * d_heads) % p_heads, 0, d_heads, False))
     return writes
 
 

@@ -134,16 +134,9 @@ def cache_groups(model: ModelConfig) -> CacheGroups:
     return CacheGroups(size, windows)
 
 
-@dataclass(frozen=True)
-class Read:
-    """One decode rank's read from one prefill rank (heads within each rank's own)."""
-
-    prefill: int
-    decode: int
-    src_head: int
-    dst_head: int
-    heads: int
-    dummy: bool = False
+# One rank pair: (prefill rank, decode rank, first head moved within the prefill rank's,
+# where it lands within the decode rank's, heads moved, notification only).
+Read = tuple[int, int, int, int, int, bool]
 
 
 def vllm_reads(kv_heads: int, mla: bool, prefill_tp: int, decode_tp: int, ratio: int,
@@ -178,12 +171,12 @@ def vllm_reads(kv_heads: int, mla: bool, prefill_tp: int, decode_tp: int, ratio:
                 src = d * kv_heads // decode_tp - p * kv_heads // prefill_tp
             else:
                 src = (d % ratio) * d_heads
-            reads.append(Read(p, d, src, 0, d_heads))
+            reads.append((p, d, src, 0, d_heads, False))
         else:
             for i in range(-ratio):
                 p = d * -ratio + i
                 if mla:  # one prefill rank read; the others only notified
-                    reads.append(Read(p, d, 0, 0, 1, dummy=i > 0))
+                    reads.append((p, d, 0, 0, 1, i > 0))
                 else:
-                    reads.append(Read(p, d, 0, i * p_heads, p_heads))
+                    reads.append((p, d, 0, i * p_heads, p_heads, False))
     return reads
