@@ -9,10 +9,11 @@ d|r| + |r| - 1 (prefill tp larger). vLLM `TransferTopology.tp_ratio`,
 
 vLLM NixlConnector: patterns/engines/vllm/nixl_connector.py (versions, heads, block sizes,
 the hybrid manager's sliding-window clipping). One descriptor per (region, block) of the
-request, read by the decode rank: r >= 1, the decode rank's heads of each prefill block, unless the prefill
-cache is replicated (MLA, or prefill tp > KV heads), then the whole block; r < 0, each of
-the |r| reads fills 1/|r| of the decode block; with MLA only the first prefill rank is read
-(`compute_tp_mapping`, nixl/tp_mapping.py:79-84) and the others get a notification.
+request, read by the decode rank: r >= 1, the decode rank's heads of each prefill block,
+unless the prefill cache is replicated (MLA, or prefill tp > KV heads), then the whole
+block; r < 0, each of the |r| reads fills 1/|r| of the decode block; with MLA only the first
+prefill rank is read (`compute_tp_mapping`, nixl/tp_mapping.py:79-84) and the others get a
+notification.
 
 SGLang Mooncake and NIXL: patterns/engines/sglang/disagg_connectors.py.
 
