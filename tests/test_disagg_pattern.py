@@ -94,7 +94,7 @@ def test_llama70b_descriptors_by_hand():
 def test_sliding_window_layers_clipped_gpt_oss():
     # gpt-oss-120b: 36 layers, 18 sliding (window 128) and 18 full, 8 KV heads of 64.
     # Hybrid manager: group size 18, 2 groups, 18 shared tensors = 18 regions
-    # (kv_cache_utils.py:1210-1247 @ c8109375); each region moves the full group's
+    # (kv_cache_utils.py:1211-1246 @ c8109375); each region moves the full group's
     # ceil(1000/16) = 63 blocks and the sliding group's last cdiv(128, 16) + 1 = 9
     # (nixl/base_scheduler.py:133-135, 266-267): 18 x 72 = 1,296 descriptors. TP4: 2 heads
     # a rank, a block 16 x 2 x (2 x 64 x 2) = 8,192 bytes; 4 pairs: 42,467,328 bytes, against
@@ -182,7 +182,7 @@ def test_sglang_head_map_where_decode_replicates():
     # Prefill TP4 (2 heads a rank) -> decode TP16 (1 head a rank, replication 16 / 8 = 2).
     # Mooncake: decode rank d takes head (d // 2) x 1 mod 2 of prefill rank d // 4
     # (mooncake/conn.py:769-774 @ 8905cbd4); NIXL: d x 1 mod 2, no replication
-    # (nixl/conn.py:772-777), so its decode rank 1 gets head 1 where Mooncake's gets head 0.
+    # (nixl/conn.py:774-776), so its decode rank 1 gets head 1 where Mooncake's gets head 0.
     moon = transfer(LLAMA70, "prefill=tp4,decode=tp16", "sglang", "mooncake")
     assert [(p.prefill, p.src_head) for p in moon.pairs] == [(d // 4, (d // 2) % 2)
                                                             for d in range(16)]

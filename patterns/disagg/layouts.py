@@ -9,7 +9,7 @@ engine's connector, at the engine commit `--connector-version` names:
 - vLLM's NixlConnector (`nixl`): the decode ranks READ (pull) the blocks from the prefill
   ranks. vLLM main of 2026-08-03 (c8109375, public copy modal-projects/vllm),
   `vllm/distributed/kv_transfer/kv_connector/v1/nixl/`: `_read_blocks` posts
-  `make_prepped_xfer("READ", ...)` (pull_worker.py:225-330), one transfer per remote rank of
+  `make_prepped_xfer("READ", ...)` (pull_worker.py:225, 320), one transfer per remote rank of
   a request (`_read_blocks_for_req`, pull_worker.py:126). The older geometry (cda19ecf,
   2026-04-17) is kept: patterns/engines/vllm/nixl_connector.py.
 - SGLang's Mooncake (`mooncake`) and NIXL (`nixl`) backends: the prefill ranks WRITE (push)

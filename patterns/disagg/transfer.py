@@ -4,7 +4,7 @@ TP rank, per region (layer, K or V, or K+V packed), per block, as each connector
 Rank mapping (the same in both engines): with tp ratio r = decode tp / prefill tp, decode
 rank d takes from prefill rank d // r (r >= 1), or from the |r| prefill ranks d|r| ..
 d|r| + |r| - 1 (prefill tp larger). vLLM `TransferTopology.tp_ratio`,
-`handshake_target_ranks` (kv_connector/utils.py:531-551, 578-588 @ c8109375); SGLang
+`handshake_target_ranks` (kv_connector/utils.py:523-543, 572-582 @ c8109375); SGLang
 `_resolve_rank_mapping` (disaggregation/common/conn.py:485-527 @ 8905cbd4).
 
 vLLM NixlConnector: patterns/engines/vllm/nixl_connector.py (versions, heads, block sizes,

@@ -20,10 +20,10 @@ contiguous and a run of heads is contiguous only within one token.
 - Heads, decode tp larger: Mooncake's source head is (d // replication) x decode heads mod
   prefill heads, replication = decode tp / KV heads where the decode side replicates
   (mooncake/conn.py:764-774); NIXL's is d x decode heads mod prefill heads, without the
-  replication (nixl/conn.py:772-777), so where the decode side replicates heads NIXL writes
+  replication (nixl/conn.py:774-776), so where the decode side replicates heads NIXL writes
   decode rank d the head d mod prefill heads of its prefill rank, as its code does. Prefill
   tp larger: the prefill rank's heads land at (its index // src replication) x its heads
-  mod decode heads (mooncake/conn.py:754-761; nixl/conn.py:757-765).
+  mod decode heads (mooncake/conn.py:756-763; nixl/conn.py:757-765).
 - Chunked prefill: each chunk of `chunked_prefill_size` tokens (8192 on H100, H200 and
   A100, 16384 on B200; `--max-batched-tokens` here) is sent once computed (`send_kv_chunk`,
   prefill.py:1051-1090; a partial last page waits for the next chunk, line 1069-1071): one

@@ -6,7 +6,7 @@ public copy modal-projects/vllm):
 
 - c8109375 (main of 2026-08-03, the default). Since #44455 (51878e5b, 2026-07-11) an
   attention layer's cache is [num_blocks, num_kv_heads, block_size, 2 x head_size]: K and V
-  packed in the content dim (`kv_connector/utils.py:438-446` @ c8109375), registered as one
+  packed in the content dim (`kv_connector/utils.py:441-446` @ c8109375), registered as one
   NIXL region a layer (`nixl/base_worker.py:1097-1100`); one descriptor a block covers the
   block's K and V of the heads read (`_build_fa_local`, `_build_fa_remote`,
   base_worker.py:1384-1445): a head's tokens of a block, K and V, are one contiguous range.
@@ -27,7 +27,7 @@ with NIXL (the connector is `SupportsHMA`, nixl/connector.py:79 @ c8109375; conf
 1643-1665): the request's blocks of a sliding-window group are cut to the last
 cdiv(window, block_size) + 1 (`blocks_per_sw`, nixl/base_scheduler.py:122-135, clipped at
 266-267; cda19ecf: nixl/scheduler.py:117, 128-148). The manager's groups
-(`_get_kv_cache_groups_uniform_page_size`, v1/core/kv_cache_utils.py:1198-1247): group size
+(`_get_kv_cache_groups_uniform_page_size`, v1/core/kv_cache_utils.py:1198-1246): group size
 the fewest layers of one attention type (the most when under 1.5 x the fewest), each type in
 cdiv(its layers, group size) groups; layers of different groups share one tensor, so a
 region is one of group-size tensors and every group's blocks are read in every region
