@@ -4,8 +4,10 @@ the same NIXL and MPI one-sided calls, on the same descriptors, in one run.
     python benchmarks/kv_transfer.py        (starts itself under mpiexec -n 2)
 
 One request of Llama-3.1-8B, prompt 512, vLLM's NixlConnector from prefill TP1 (rank 0) to
-decode TP1 (rank 1): 32 layers x 2 (K, V) x 32 blocks = 2,048 descriptors of 16 tokens x 8
-heads x 128 x 2 bytes = 32 KiB, 64 MiB READ by rank 1. Per transport, rounds alternate
+decode TP1 (rank 1), in the two-region geometry of vLLM before #44455 (connector version
+cda19ecf, kept so the figures of docs/disaggregated.md stay comparable): 32 layers x 2 (K,
+V) x 32 blocks = 2,048 descriptors of 16 tokens x 8 heads x 128 x 2 bytes = 32 KiB, 64 MiB
+READ by rank 1. Per transport, rounds alternate
 between the replay's own loop (microbench/replay/kv_transfer.py `timed_transfers` over its
 transport class) and a bare loop written here against the library (mpi4py's Win.Get with
 the same hindexed datatypes; NIXL's make_prepped_xfer / transfer / check_xfer_state and the
@@ -32,7 +34,7 @@ def disagg():
                      max_batched_tokens=None, control_plane=False, gpu="h100",
                      nccl_only=False, model_runner=None, max_num_seqs=None, sp=False,
                      engine="vllm", connector="nixl", kv_cache_dtype="auto",
-                     kv_block_size=None)
+                     kv_block_size=None, connector_version="cda19ecf")
     return disagg_from_args(args)
 
 
