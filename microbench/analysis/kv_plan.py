@@ -289,8 +289,12 @@ def add_disagg_plan(doc: dict[str, Any], args: argparse.Namespace, model: ModelC
     doc["disagg_layouts"] = [p.as_dict() for p in priced]
     doc["disagg_refused"] = refused
     doc["disagg_notes"] = notes
+    # Communication end to end against communication end to end: the colocated layouts are
+    # ranked by their floor (communication + compute), so their first is not the one to take.
     options = [(not c.meets_budget, c.e2e_us, f"colocated tp={c.shape.tp} pp={c.shape.pp} "
-                f"dp={c.shape.dp}" + (" ep" if c.shape.ep else "")) for c in colocated[:1]]
+                f"dp={c.shape.dp}" + (" ep" if c.shape.ep else ""))
+               for c in colocated if getattr(c, "fits_memory", True)]
+    options = sorted(options)[:1]
     options += [(not p.meets_budget, p.e2e_us, f"disaggregated {p.disagg.text()}")
                 for p in priced[:1]]
     doc["best_overall"] = min(options)[2] if options else None
