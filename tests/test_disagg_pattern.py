@@ -2,6 +2,8 @@
 rank pairs checked by hand against the connectors' code (cited in patterns/disagg/), and the
 `pattern --disagg` output and refusals."""
 
+from dataclasses import replace
+
 import pytest
 
 from patterns import ConfigError, EngineOptions, Workload, resolve_model
@@ -111,6 +113,21 @@ def test_sliding_window_layers_clipped_gpt_oss():
     d = generate_disagg("vllm", oss, parse_disagg("prefill=tp4,decode=tp4"),
                         Workload(prompt=1000, decode=128), EngineOptions())
     assert d.decode_memory[1] == 18 * 1128 * 512 + 18 * 144 * 512
+
+
+def test_sliding_layers_read_from_config():
+    # tests/data/configs/gpt-oss-20b: 24 layer_types alternating sliding_attention (window
+    # 128) and full_attention: 12 of each, one group of 12 each, 12 regions (the fewest, 12,
+    # is not under 1.5 x the most).
+    from patterns.engines.vllm.nixl_connector import CacheGroups, cache_groups
+    from patterns.models import from_hf_config
+    model = from_hf_config("tests/data/configs/gpt-oss-20b")
+    assert (model.sliding_window, model.sliding_layers) == (128, tuple(range(0, 24, 2)))
+    assert cache_groups(model) == CacheGroups(12, (0, 128))
+    # 10 full + 20 sliding (the example of kv_cache_utils.py:1131-1133): group size 10, one full
+    # group and two sliding ones: 10 regions, windows (0, w, w).
+    assert cache_groups(replace(LLAMA70, num_hidden_layers=30, sliding_window=64,
+                                sliding_layers=tuple(range(20)))) == CacheGroups(10, (0, 64, 64))
 
 
 @pytest.mark.parametrize("gpu, kv, block, backend", [
@@ -314,6 +331,8 @@ def test_pattern_json_and_bad_input_lines(cli):
             (["--disagg", "prefill=tp4,decode=tp8", "--connector", "ucx"], "no ucx connector"),
             (["--disagg", "prefill=tp4,decode=tp16", "--connector-version", "cda19ecf"],
              "before #45879"),
+            (["--disagg", "prefill=tp4,decode=tp8", "--connector-version", "v0.9"],
+             "use c8109375 or cda19ecf"),
             (["--disagg", "prefill=tp4,decode=tp8", "--prompt", "131072", "--decode", "500"],
              "decode(500)"),
             (["--model", "deepseek-v3", "--disagg", "prefill=tp8,decode=tp8",
