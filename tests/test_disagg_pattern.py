@@ -83,6 +83,33 @@ def test_llama70b_decode_tp_above_kv_heads_45879():
         transfer(LLAMA70, "prefill=tp4,decode=tp16", version="cda19ecf")
 
 
+def test_vllm_push_connector_writes_what_pull_reads():
+    # NixlPushConnector (push_worker.py:499-590 @ c8109375): the prefill ranks WRITE. Prefill
+    # TP4 -> decode TP8: prefill rank p writes half its block (1 head of 2) to each of decode
+    # ranks 2p and 2p + 1: the pull connector's 8 pairs, 5,040 descriptors of 8,192 bytes.
+    t = transfer(LLAMA70, "prefill=tp4,decode=tp8", connector="nixl-push")
+    assert t.direction == "write"
+    assert pairs(t) == [(d // 2, d, d % 2, 0, 1, 5_040, 8_192) for d in range(8)]
+    # TP8 -> TP4: prefill rank p writes its head into decode rank p // 2 at head p mod 2.
+    fewer = transfer(LLAMA70, "prefill=tp8,decode=tp4", connector="nixl-push")
+    assert pairs(fewer) == [(p, p // 2, 0, p % 2, 1, 5_040, 8_192) for p in range(8)]
+    # MLA TP8 -> TP16: each prefill rank writes the whole latent to both its decode ranks
+    # (replicate_attn, push_worker.py:524-528): 16 pairs of 61 x 63 blocks of 18,432 bytes.
+    mla = transfer(DSV3, "prefill=tp8,decode=tp16", connector="nixl-push")
+    assert pairs(mla) == [(d // 2, d, 0, 0, 1, 3_843, 18_432) for d in range(16)]
+    # MLA TP16 -> TP8: each prefill rank writes its latent to decode rank p // 2, so two
+    # prefill ranks write the same decode blocks: 16 pairs, twice the 8 x 70,834,176 bytes.
+    dup = transfer(DSV3, "prefill=tp16,decode=tp8", connector="nixl-push")
+    assert [(p.prefill, p.decode) for p in dup.pairs] == [(p, p // 2) for p in range(16)]
+    assert dup.total_bytes == 16 * 70_834_176
+    # A decode side above the KV heads from a smaller prefill side: refused seen from the
+    # prefill rank (base_worker.py:1716-1722); and the push connector is not in cda19ecf.
+    with pytest.raises(ConfigError, match="NixlPushConnector refuses"):
+        transfer(LLAMA70, "prefill=tp4,decode=tp16", connector="nixl-push")
+    with pytest.raises(ConfigError, match="#35264"):
+        transfer(LLAMA70, "prefill=tp4,decode=tp8", connector="nixl-push", version="cda19ecf")
+
+
 def test_llama70b_descriptors_by_hand():
     t = transfer(LLAMA70, "prefill=tp4,decode=tp8")
     first, second = list(t.descriptors(t.pairs[1]))[:2]  # prefill 0 -> decode 1
@@ -268,6 +295,8 @@ def test_deepseek_v3_fp8_cache_and_sglang_pages():
     ("vllm", "nixl", "prefill=tp2,decode=tp4", None, None),
     ("vllm", "nixl", "prefill=tp4,decode=tp2", None, None),
     ("vllm", "nixl", "prefill=tp2,decode=tp4", "cda19ecf", None),
+    ("vllm", "nixl-push", "prefill=tp2,decode=tp4", None, None),
+    ("vllm", "nixl-push", "prefill=tp4,decode=tp2", None, None),
     ("sglang", "mooncake", "prefill=tp2,decode=tp4", None, None),
     ("sglang", "mooncake", "prefill=tp4,decode=tp2", None, None),
     ("sglang", "mooncake", "prefill=tp2,decode=tp2", None, 8),

@@ -42,6 +42,9 @@ def replay(tmp_path, *argv, env=None):
     (["--disagg", "prefill=tp2,decode=tp1", "--engine", "sglang", "--kv-transport", "rma"],
      20_480),
     (["--disagg", "prefill=tp2,decode=tp1", "--kv-transport", "p2p"], 32_768),
+    # vLLM's push connector: the prefill rank WRITEs each decode rank its 2 heads.
+    (["--disagg", "prefill=tp1,decode=tp2", "--connector", "nixl-push", "--kv-transport",
+      "rma"], 32_768),
 ])
 def test_mpi_replay_moves_every_byte(tmp_path, argv, moved):
     proc = replay(tmp_path, "--backend", "mpi", *argv)

@@ -19,8 +19,9 @@ def add_disagg_arguments(group: argparse._ArgumentGroup) -> None:
                             "(dpN for replicas): both sides' calls and one request's KV "
                             "transfer between them")
     group.add_argument("--connector", default=None,
-                       help="with --disagg: the engine's KV connector, nixl (vllm; sglang) "
-                            "or mooncake (sglang) (default: vllm nixl, sglang mooncake)")
+                       help="with --disagg: the engine's KV connector, nixl (vllm; sglang), "
+                            "nixl-push (vllm's NixlPushConnector: the prefill ranks write) or "
+                            "mooncake (sglang) (default: vllm nixl, sglang mooncake)")
     group.add_argument("--connector-version", default=None, metavar="COMMIT",
                        help="with --disagg: the engine commit whose connector is modelled "
                             "(vllm: c8109375, K and V packed, the default; cda19ecf, K and V "

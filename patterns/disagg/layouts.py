@@ -46,6 +46,8 @@ CONNECTORS: dict[str, dict[str, Connector]] = {
     "vllm": {
         "nixl": Connector("vllm", "nixl", "read", "NIXL",
                           "vLLM NixlConnector (kv_connector/v1/nixl/base_worker.py)"),
+        "nixl-push": Connector("vllm", "nixl-push", "write", "NIXL",
+                               "vLLM NixlPushConnector (kv_connector/v1/nixl/push_worker.py)"),
     },
     "sglang": {
         "mooncake": Connector("sglang", "mooncake", "write", "Mooncake TransferEngine",
@@ -143,6 +145,9 @@ def connector_of(engine: str, name: str | None, version: str | None = None) -> C
     if pinned not in versions:
         raise ConfigError(f"--connector-version {pinned!r} is not modelled for {engine}; use "
                           f"{' or '.join(versions)} (engine commits, newest first)")
+    if chosen.name == "nixl-push" and pinned != versions[0]:
+        raise ConfigError(f"vLLM's NixlPushConnector came with #35264 (2026-06-12), after "
+                          f"{pinned}; use --connector-version {versions[0]} or --connector nixl")
     return replace(chosen, version=pinned, source=f"{chosen.source} @ {pinned}")
 
 

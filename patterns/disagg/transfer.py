@@ -31,7 +31,12 @@ from dataclasses import dataclass
 from patterns.disagg.kvcache import SideCache, is_mla, side_cache
 from patterns.disagg.layouts import Connector, DisaggLayout
 from patterns.engines.sglang.disagg_connectors import chunk_tokens, sglang_writes
-from patterns.engines.vllm.nixl_connector import cache_groups, mla_block_size, vllm_reads
+from patterns.engines.vllm.nixl_connector import (
+    cache_groups,
+    mla_block_size,
+    vllm_push_writes,
+    vllm_reads,
+)
 from patterns.errors import ConfigError
 from patterns.models import ModelConfig
 
@@ -152,6 +157,9 @@ WHEN = {
     "vllm": "after the prefill step: the decode ranks READ every block at the start of their "
             "next step; the request's first decode-side step (which recomputes the last "
             "prompt token) waits for the reads",
+    "vllm-push": "after the prefill step: the prefill ranks WRITE every block into the blocks "
+                 "the decode side registered; the decode side runs the request once every "
+                 "write has landed",
     "sglang": "after each prefill chunk (one chunk for prompts within chunked_prefill_size): "
               "the prefill ranks WRITE into pages the decode side pre-allocated; decoding "
               "starts once the last chunk has arrived",
@@ -186,9 +194,12 @@ def plan_transfer(model: ModelConfig, disagg: DisaggLayout, connector: Connector
                        "prefill", **shape)
         d = side_cache(model, disagg.decode.tp, prompt, block, dtype, kv_cache_dtype, True,
                        "decode", **shape)
-        reads = vllm_reads(kv, mla, p.tp, d.tp, ratio, connector.version)
-        return KVTransfer(connector, prompt, p, d, BLOCK,
-                          tuple(Pair(*r) for r in reads), WHEN[engine], (), backend)
+        if connector.name == "nixl-push":
+            moves, when = vllm_push_writes(kv, mla, p.tp, d.tp), WHEN["vllm-push"]
+        else:
+            moves, when = vllm_reads(kv, mla, p.tp, d.tp, ratio, connector.version), WHEN[engine]
+        return KVTransfer(connector, prompt, p, d, BLOCK, tuple(Pair(*m) for m in moves), when,
+                          (), backend)
     p = side_cache(model, disagg.prefill.tp, prompt, block, dtype, kv_cache_dtype, False,
                    "prefill")
     d = side_cache(model, disagg.decode.tp, prompt, block, dtype, kv_cache_dtype, False,

@@ -42,6 +42,18 @@ flashmla.py:49-59); SM100: FLASHINFER_MLA (32 or 64, flashinfer_mla.py:124-134),
 CUTLASS_MLA (128, cutlass_mla.py:40-50), FLASHMLA, TRITON_MLA; SM80:
 TRITON_MLA (multiples of 16; an fp8 cache needs SM89, triton_mla.py:97-111, 206-216).
 A backend takes a block size that is a multiple of one of its sizes (backend.py:176-193).
+
+NixlPushConnector (`nixl-push`, since #35264, 2026-06-12; at c8109375 only): the prefill
+ranks WRITE, after the request's prefill (`request_finished`, nixl/push_scheduler.py:208-
+280), into the blocks the decode side registered, with the same descriptors; the TP mapping
+is vLLM's `compute_tp_mapping` seen from the prefill rank (nixl/push_worker.py:499-590):
+prefill tp r times the decode tp: prefill rank p writes its block into decode rank p // r at
+(p mod r) x its block length (the head it holds, where the prefill side replicates heads);
+an MLA latent or a replicated block goes whole, so r prefill ranks write the same decode
+block. Decode tp r times the prefill tp: prefill rank p writes 1/r of its block to each of
+the decode ranks p r .. p r + r - 1; an MLA latent goes whole to each (`replicate_attn`,
+push_worker.py:524-528). A decode side above the KV heads fed by a smaller prefill side is
+refused by the handshake seen from the prefill rank (base_worker.py:1716-1722).
 """
 
 from dataclasses import dataclass
@@ -56,6 +68,7 @@ VERSIONS = {
     "cda19ecf": "vLLM main 2026-04-17: K and V two regions a layer; a decode side that "
                 "replicates heads the prefill side splits refused",
 }
+PUSH_SINCE = "c8109375"  # NixlPushConnector (#35264) is not in cda19ecf
 
 _ARCH = {"h100": 9, "h200": 9, "b200": 10, "a100": 8}
 
@@ -180,3 +193,34 @@ def vllm_reads(kv_heads: int, mla: bool, prefill_tp: int, decode_tp: int, ratio:
                 else:
                     reads.append((p, d, 0, i * p_heads, p_heads, False))
     return reads
+
+
+def vllm_push_writes(kv_heads: int, mla: bool, prefill_tp: int, decode_tp: int) -> list[Read]:
+    """NixlPushConnector: which decode rank each prefill rank writes which heads to."""
+    p_heads = 1 if mla else max(kv_heads // prefill_tp, 1)
+    d_heads = 1 if mla else max(kv_heads // decode_tp, 1)
+    if not mla and decode_tp > prefill_tp and decode_tp > kv_heads:
+        raise ConfigError(f"decode tp({decode_tp}) exceeds num_key_value_heads({kv_heads}) and "
+                          f"the prefill tp({prefill_tp}) is smaller: vLLM's NixlPushConnector "
+                          "refuses it (the prefill rank's handshake); use decode tp <= "
+                          f"{kv_heads}, or --connector nixl (pull)")
+    writes = []
+    for p in range(prefill_tp):
+        if prefill_tp >= decode_tp:
+            r = prefill_tp // decode_tp
+            d = p // r
+            if mla or decode_tp > kv_heads:
+                dst = 0
+            elif prefill_tp > kv_heads:  # tp_mapping.py:129-132, seen from the prefill rank
+                dst = p * kv_heads // prefill_tp - d * kv_heads // decode_tp
+            else:
+                dst = (p % r) * p_heads
+            writes.append((p, d, 0, dst, p_heads, False))
+        else:
+            r = decode_tp // prefill_tp
+            for i in range(r):
+                if mla:
+                    writes.append((p, p * r + i, 0, 0, 1, False))
+                else:
+                    writes.append((p, p * r + i, i * d_heads, 0, d_heads, False))
+    return writes
