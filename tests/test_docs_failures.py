@@ -24,7 +24,7 @@ def examples() -> list[tuple[list[str], int]]:
 
 
 def test_the_page_shows_examples():
-    assert len(examples()) == 5
+    assert len(examples()) == 6
 
 
 @pytest.mark.parametrize(("argv", "status"), examples(), ids=lambda v: str(v)[:40])

@@ -11,6 +11,7 @@ import numpy as np
 
 from microbench.argtypes import UsageError
 from microbench.backends import BoundCall, Group, displacements, register
+from microbench.ranks import shm
 from microbench.ranks.device import check_device_index
 from microbench.ranks.dist import DistEnv
 
@@ -52,6 +53,8 @@ class MpiBackend:
             raise UsageError(
                 f"the launcher started {env.world_size} ranks ({env.launcher} variables) but "
                 f"MPI sees a world of {self.world_size}; {_srun_mpi_hint()}")
+        # a rank ended by a signal leaves MPICH's /dev/shm segment: its launcher removes it
+        shm.note_segments(self.rank)
         self.types = MpiTypes()
         # collective, so here on every rank; versions() runs on rank 0 only
         self.node_ranks = mpi_transport.node_ranks(self.comm)

@@ -11,12 +11,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 from microbench.argtypes import UsageError
-from microbench.ranks import notes
+from microbench.ranks import notes, shm
 from microbench.ranks.children import die_with_parent
+from microbench.ranks.stopped import resume_stopped
 from microbench.ranks.watchdog import TIMEOUT_EXIT_STATUS
 from microbench.results.store import WRITE_ERROR_EXIT_STATUS
 
@@ -114,8 +116,10 @@ def spawn_local(nproc: int, backend: str, argv: list[str]) -> int:
             reader = threading.Thread(target=banner.forward, args=(procs[0].stdout,),
                                       daemon=True)
             reader.start()
-            status = _wait_all(procs, ["mpiexec"], folder)
+            status = _wait_all(procs, ["mpiexec"], folder, _MpiWatch(procs[0].pid, banner))
             reader.join(timeout=5)
+            if banner.closed:
+                raise _Stopped(signal.SIGPIPE)
             if status and notes.stuck_ranks(folder):
                 return _no_progress(status, folder)
             return _mpi_status(status, banner, folder, procs[0].returncode)
@@ -132,6 +136,8 @@ def spawn_local(nproc: int, backend: str, argv: list[str]) -> int:
         for s in STOP_SIGNALS:  # a second Ctrl-C must not interrupt the clean-up
             signal.signal(s, signal.SIG_IGN)
         _end_all(procs)
+        if stopped.signum == signal.SIGPIPE:  # stdout closed (`| head`): quietly, as a pipe
+            return 128 + stopped.signum
         what = ("interrupted" if stopped.signum == signal.SIGINT
                 else f"got {signal.Signals(stopped.signum).name}")
         sys.stderr.write(f"infercomm: {what}; ended every rank\n")
@@ -140,15 +146,16 @@ def spawn_local(nproc: int, backend: str, argv: list[str]) -> int:
         _end_all(procs)
         for s, handler in previous.items():
             signal.signal(s, handler)
-        shutil.rmtree(folder, ignore_errors=True)
+        notes.remove(folder)  # with what MPI left in /dev/shm (ranks/shm.py)
 
 
-# Waits for the launcher to end, however it ends, and removes its notes folder: a launcher
-# killed by SIGKILL cannot, and under MPI its ranks' sentinels die with the ranks. Standard
-# library only (-S: no site packages), so it starts in milliseconds.
+# Waits for the launcher to end, however it ends, and removes its notes folder and the MPI
+# segments its ranks noted there (ranks/shm.py): a launcher killed by SIGKILL cannot, and
+# under MPI its ranks' sentinels die with the ranks. Standard library only (-S: no site
+# packages; shm.py is loaded by its path), so it starts in milliseconds.
 _REAPER = """
-import os, shutil, sys, time
-pid, folder = int(sys.argv[1]), sys.argv[2]
+import importlib.util, os, shutil, sys, time
+pid, folder, shm_py = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 while True:
     try:
         os.kill(pid, 0)
@@ -159,6 +166,10 @@ while True:
     if not os.path.isdir(folder):
         sys.exit(0)
     time.sleep(0.2)
+spec = importlib.util.spec_from_file_location("infercomm_shm", shm_py)
+shm = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(shm)
+shm.remove_noted(folder)
 shutil.rmtree(folder, ignore_errors=True)
 """
 
@@ -166,7 +177,8 @@ shutil.rmtree(folder, ignore_errors=True)
 def _start_reaper(folder: Path) -> None:
     """A process outside the run's process groups that removes `folder` once we are gone."""
     with contextlib.suppress(OSError):
-        subprocess.Popen([sys.executable, "-S", "-c", _REAPER, str(os.getpid()), str(folder)],
+        subprocess.Popen([sys.executable, "-S", "-c", _REAPER, str(os.getpid()), str(folder),
+                          shm.__file__],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL, start_new_session=True)
 
@@ -194,10 +206,32 @@ def master_port(env: dict[str, str]) -> int:
     return int(given)
 
 
-def _wait_all(procs: list[subprocess.Popen], names: list[str], folder: Path) -> int:
+class _MpiWatch:
+    """Asked by _wait_all each poll under MPI: stdout closed ends the run (SIGPIPE, as a
+    pipeline would); a stopped mpiexec or proxy is resumed (ranks/stopped.py)."""
+
+    def __init__(self, mpiexec: int, banner: "_MpiBanner") -> None:
+        self.mpiexec, self.banner, self.last = mpiexec, banner, 0.0
+
+    def __call__(self) -> None:
+        if self.banner.closed:
+            raise _Stopped(signal.SIGPIPE)
+        if time.monotonic() - self.last < 0.5:
+            return
+        self.last = time.monotonic()
+        for pid in resume_stopped(self.mpiexec):
+            who = "mpiexec" if pid == self.mpiexec else "mpiexec's proxy"
+            sys.stderr.write(f"infercomm: warning: {who} (pid {pid}) was stopped; resumed it, "
+                             "as the run cannot end without it\n")
+
+
+def _wait_all(procs: list[subprocess.Popen], names: list[str], folder: Path,
+              watch: Callable[[], None] | None = None) -> int:
     failed_at: float | None = None
     status = 0
     while True:
+        if watch is not None:
+            watch()
         for name, p in zip(names, procs, strict=True):
             code = p.poll()
             if code not in (None, 0) and failed_at is None and status == 0:
@@ -263,6 +297,7 @@ class _MpiBanner:
     _DIAGNOSTIC = re.compile(r"\bUCX\s+(ERROR|WARN|FATAL)\b")
 
     def __init__(self) -> None:
+        self.closed = False  # our stdout was closed (`| head`): the rest is read and dropped
         self.pid: int | None = None
         self.host = ""
         self.exit_code: int | None = None
@@ -270,7 +305,6 @@ class _MpiBanner:
 
     def forward(self, stream: IO[bytes]) -> None:
         blank = False  # MPICH prints a blank line before its banner: hold one back
-        out = sys.stdout.buffer
         for raw in iter(stream.readline, b""):
             line = raw.decode(errors="replace")
             if line.startswith(self._BANNER):
@@ -278,18 +312,27 @@ class _MpiBanner:
                 blank = False
                 continue
             if self._DIAGNOSTIC.search(line):  # a library's complaint belongs on stderr
-                sys.stderr.write(line)
-                sys.stderr.flush()
+                with contextlib.suppress(OSError):
+                    sys.stderr.write(line)
+                    sys.stderr.flush()
                 continue
-            if blank:
-                out.write(b"\n")
+            self._write((b"\n" if blank else b"") + (raw if line.strip() else b""))
             blank = line.strip() == ""
-            if not blank:
-                out.write(raw)
-            out.flush()
         if blank:
-            out.write(b"\n")
-            out.flush()
+            self._write(b"\n")
+
+    def _write(self, data: bytes) -> None:
+        """Onto our stdout; once it is closed, nothing (mpiexec's output is still read, so
+        mpiexec never blocks on a full pipe), and the launcher ends the run (_MpiWatch)."""
+        if self.closed or not data:
+            return
+        try:
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+        except OSError:  # BrokenPipeError: the reader went away
+            self.closed = True
+            with contextlib.suppress(OSError):  # so the interpreter's last flush is quiet
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
     def _parse(self, line: str) -> None:
         if found := re.search(r"PID (\d+) RUNNING AT (\S+)", line):

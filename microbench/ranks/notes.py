@@ -17,6 +17,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from microbench.ranks import shm
+
 LAUNCHER_VAR = "INFERCOMM_LAUNCHER"
 LAUNCH_DIR_VAR = "INFERCOMM_LAUNCH_DIR"
 
@@ -80,7 +82,7 @@ def new_launch_dir() -> Path:
         except OSError:
             continue  # being created, or not ours
         if not launcher_alive(owner):
-            shutil.rmtree(stale, ignore_errors=True)
+            remove(stale)
     folder = Path(tempfile.mkdtemp(prefix="infercomm-launch-"))
     (folder / "launcher").write_text(launcher_identity())
     return folder
@@ -90,7 +92,13 @@ def remove_launch_dir() -> None:
     """Remove the launcher's notes folder: a launcher killed by SIGKILL cannot."""
     folder = os.environ.get(LAUNCH_DIR_VAR)
     if folder and Path(folder).name.startswith("infercomm-launch-"):
-        shutil.rmtree(folder, ignore_errors=True)
+        remove(Path(folder))
+
+
+def remove(folder: Path) -> None:
+    """Remove a notes folder, and first the MPI segments its ranks noted (ranks/shm.py)."""
+    shm.remove_noted(folder)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def rank_of_pid(folder: Path, pid: int) -> int | None:

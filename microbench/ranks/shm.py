@@ -1,0 +1,83 @@
+"""Shared-memory segments an MPI library leaves in /dev/shm when its ranks are killed.
+
+MPICH keeps its intra-node queues in one /dev/shm/mpich_shm_<world id>_<node id> file (about
+2 MB for 2 ranks here; pmodels/mpich src/mpid/ch4/shm/posix/posix_init.c names it, and
+mpich_vci_* for more VCIs, with "mpich_shm_%x_%d"), mapped by every rank of the node and
+removed in MPI_Finalize (MPL_initshm_freeall); a rank ended by a signal never gets there, so
+every run ended by Ctrl-C, `kill` or a failing rank would leave one.
+
+Only this run's own segments may go: /dev/shm is shared with every other job of the machine.
+Each rank started by `--nproc` notes the segments it maps once MPI is up (a line "PATH INODE"
+in the launcher's notes folder, ranks/notes.py); whoever removes that folder (the launcher at
+its end, its reaper after a SIGKILL, a rank's sentinel when the launcher is gone) first removes
+each noted segment that is still the same file (same inode and owner), never another's. A
+segment removed while ranks still map it stays usable by them until they unmap it.
+
+Standard library only, no package import: the launcher's reaper loads this file by its path
+under `python -S`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+SHM = "/dev/shm"
+PREFIXES = ("mpich_shm_", "mpich_vci_")
+
+
+def mapped_segments(pid: str = "self") -> list[str]:
+    """The MPI segments under /dev/shm that process `pid` maps, each once."""
+    found: list[str] = []
+    try:
+        with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as maps:
+            for line in maps:
+                fields = line.split(None, 5)
+                if len(fields) < 6:
+                    continue
+                path = fields[5].strip()
+                if (os.path.dirname(path) == SHM and os.path.basename(path).startswith(PREFIXES)
+                        and path not in found):
+                    found.append(path)
+    except OSError:
+        pass
+    return found
+
+
+def note_segments(rank: int) -> None:
+    """Under `--nproc`: tell the launcher which segments this rank maps (call after MPI_Init)."""
+    folder = os.environ.get("INFERCOMM_LAUNCH_DIR")  # notes.LAUNCH_DIR_VAR
+    if not folder:
+        return
+    lines = []
+    for path in mapped_segments():
+        with contextlib.suppress(OSError):
+            lines.append(f"{path} {os.stat(path).st_ino}\n")
+    if lines:
+        # OSError: the launcher is gone or its folder removed, so there is nobody to tell
+        with contextlib.suppress(OSError):
+            Path(folder, f"shm-{rank}").write_text("".join(lines))
+
+
+def remove_noted(folder: str | os.PathLike[str]) -> list[str]:
+    """Remove the segments the ranks noted in `folder` that are still theirs; the paths."""
+    removed: list[str] = []
+    for note in sorted(Path(folder).glob("shm-*")):
+        try:
+            lines = note.read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            path, _, inode = line.rpartition(" ")
+            if (os.path.dirname(path) != SHM or not os.path.basename(path).startswith(PREFIXES)
+                    or not inode.isdigit()):
+                continue  # not a line a rank wrote
+            try:
+                st = os.stat(path, follow_symlinks=False)
+                if st.st_ino == int(inode) and st.st_uid == os.getuid():
+                    os.unlink(path)
+                    removed.append(path)
+            except OSError:
+                continue  # removed already (MPI_Finalize, another note of the same segment)
+    return removed
