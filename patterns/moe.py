@@ -55,7 +55,9 @@ tp/dp ranks; SGLang's TP group holds the same ranks as the `ep` group here):
   (`moe_dense_tp_size` unset): the same gather and scatter as a MoE layer.
 
 fp8 dispatch: vLLM quantises the dispatched hidden states of block-fp8 checkpoints and
-gathers their scales (`naive_dp_ep.py`); DeepEP's own messages: `patterns/deepep.py`
+gathers their scales (`naive_dp_ep.py`) unless the experts' kernel quantises them itself
+(FlashInfer CUTLASS, vLLM's choice on SM90 with EP: `patterns/engines/vllm/fp8_moe.py`,
+then bf16 without scales); DeepEP's own messages: `patterns/deepep.py`
 (`--a2a deepep_ll` / `deepep_ht`). Every other call (all-reduces, combine, PP, logits)
 carries bf16 activations whatever the weights. Not modelled: the engine core's gloo
 all-reduce of the unfinished state every 32 steps, micro-batching (DBO), SGLang's
@@ -172,13 +174,16 @@ def vllm_dp_coordination(layout: Layout, runner: str = "v2") -> list[Op]:
 def vllm_moe_layer(prefix: str, layout: Layout, tokens: Sequence[int], dp_rank: int,
                    hidden: int, top_k: int, dtype: str,
                    a2a: str = "allgather_reducescatter", weight_format: str = "",
-                   widths: tuple[int, int] | None = None) -> list[Op]:
+                   widths: tuple[int, int] | None = None,
+                   defer_quant: bool = False) -> list[Op]:
     """The calls of one MoE layer on a rank of DP rank `dp_rank` (vLLM V1).
 
     `tokens[d]` is T_d, the tokens DP rank d runs this step (after `dp_padded_tokens`);
     `prefix` names the layer's module (e.g. "layers.3.mlp.experts"); `widths`: the hidden
     width the experts take and return when an mxfp4 backend pads it (`patterns.mxfp4.
     moe_widths`): the dispatch carries the first, the combine and TP all-reduce the second.
+    `defer_quant`: the experts' kernel quantises a block-fp8 checkpoint's inputs itself, so
+    the dispatch carries them in `dtype`, without scales (`patterns/engines/vllm/fp8_moe.py`).
     """
     tp, dp, t_me = layout.tp, layout.dp, tokens[dp_rank]
     w_in, w_out = widths or (hidden, hidden)
@@ -215,7 +220,7 @@ def vllm_moe_layer(prefix: str, layout: Layout, tokens: Sequence[int], dp_rank: 
         # Block-fp8 checkpoints quantise before the gather (naive_dp_ep.py:16-52, 132-164
         # @ c8109375): fp8 hidden states (1 B each, as uint8) and their fp32 scales, one per
         # 128 channels, gathered as an extra tensor after the top-k ids.
-        fp8 = fp8_dispatch(weight_format)
+        fp8 = fp8_dispatch(weight_format) and not defer_quant
         ops.append(_allgather(group, rows, index, w_in, "uint8" if fp8 else dtype,
                               f"{prefix}.dispatch.hidden_states"))
         ops.append(_allgather(group, rows, index, top_k, "fp32",

@@ -39,10 +39,16 @@ DEFAULT_BACKEND = {"b200": "flashinfer-trtllm", "h100": "triton", "h200": "trito
                    "a100": "marlin"}
 
 
+# --moe-backend names that run block-fp8 experts only (patterns/engines/vllm/fp8_moe.py;
+# its triton and flashinfer-cutlass are mxfp4 names too).
+FP8_ONLY_BACKENDS = ("deep-gemm",)
+MOE_BACKENDS = (*MXFP4_BACKENDS, *FP8_ONLY_BACKENDS)
+
+
 def check_moe_backend(name: str | None) -> None:
-    if name is not None and name not in MXFP4_BACKENDS:
-        raise ConfigError(f"moe-backend {name!r} is not an mxfp4 MoE backend; use one of "
-                          f"{', '.join(MXFP4_BACKENDS)}")
+    if name is not None and name not in MOE_BACKENDS:
+        raise ConfigError(f"moe-backend {name!r} is not a MoE backend; use one of "
+                          f"{', '.join(MOE_BACKENDS)}")
 
 
 def moe_backend(gpu: str, chosen: str | None) -> str:

@@ -10,9 +10,9 @@ from patterns.models import resolve_model
 from patterns.pattern import EngineOptions
 
 
-def _decode(model: str, layout: Layout, batch: int):
+def _decode(model: str, layout: Layout, batch: int, **options):
     pattern = generate("vllm", resolve_model(model), layout, Workload(16, 2, batch=batch),
-                       EngineOptions())
+                       EngineOptions(**options))
     return pattern.stages[0][-1].step
 
 
@@ -22,7 +22,9 @@ def _rows(ops, prefix):
 
 
 def test_deepseek_v3_sequence_parallel_layers_tp2_dp2():
-    step = _decode("deepseek-v3", Layout(tp=2, dp=2, ep=True), batch=6)
+    # --moe-backend deep-gemm: fp8 dispatch with scales (FlashInfer CUTLASS, vLLM's default
+    # on an H100 with --ep, dispatches bf16 without them: fp8_moe.py).
+    step = _decode("deepseek-v3", Layout(tp=2, dp=2, ep=True), batch=6, moe_backend="deep-gemm")
     # Decode of 6 requests: capture size 8 on both DP ranks (T = 8); chunk 8 / 2 = 4 rows;
     # EP group dp x tp = 4 ranks gathers 4 x 4 = 16 rows. h = 7168, top-k 8.
     assert step.tokens == 8

@@ -34,8 +34,12 @@ def steps_of(pattern, dp_rank=0, stage=0):
     return [(run.phase, run.step, run.repeat) for run in pattern.runs(stage, dp_rank)]
 
 
-def test_deepseek_v3_dp8_ep8_tp1():
-    pat = generate("vllm", DEEPSEEK, Layout(dp=8, ep=True), Workload(16, 3, batch=128))
+@pytest.mark.parametrize("backend", ["deep-gemm", "triton"])
+def test_deepseek_v3_dp8_ep8_tp1_fp8_dispatch(backend):
+    # --moe-backend deep-gemm / triton: the kernels take fp8 inputs, so the naive dispatch
+    # quantises first (naive_dp_ep.py:16-52 @ c8109375).
+    pat = generate("vllm", DEEPSEEK, Layout(dp=8, ep=True), Workload(16, 3, batch=128),
+                   EngineOptions(moe_backend=backend))
     (p_phase, prefill, p_rep), (d_phase, decode, d_rep) = steps_of(pat)
     assert (p_phase, p_rep, d_phase, d_rep) == (Phase.PREFILL, 1, Phase.DECODE, 2)
     # Prefill: 128 x 16 = 2048 tokens per rank, above the 512 cap: eager, unpadded.
@@ -65,8 +69,46 @@ def test_deepseek_v3_dp8_ep8_tp1():
     assert pat.calls_per_inference(0) == 873
 
 
+@pytest.mark.parametrize("options", [{}, {"moe_backend": "flashinfer-cutlass"},
+                                     {"gpu": "h200"}])
+def test_deepseek_v3_dp8_ep8_tp1_flashinfer_cutlass_bf16_dispatch(options):
+    # vLLM's default on SM90 for block-fp8 with EP (oracle/fp8.py:113-122 @ c8109375: "prefer
+    # ... FI CUTLASS for EP"): FlashInferExperts.expects_unquantized_inputs
+    # (flashinfer_cutlass_moe.py:127-128), so the dispatch defers quantisation: bf16 hidden
+    # states, fp32 top-k weights, int32 top-k ids, no scales; then the bf16 reduce-scatter.
+    # 1 + 58 x (3 + 1) = 233 calls a step.
+    pat = generate("vllm", DEEPSEEK, Layout(dp=8, ep=True), Workload(16, 3, batch=128),
+                   EngineOptions(**options))
+    decode = steps_of(pat)[-1][1]
+    assert len(decode.ops) == 233
+    assert kinds(decode) == {("allreduce", "dp"): 1, ("allgather", "dp"): 174,
+                             ("reducescatter", "dp"): 58}
+    layer3 = [(op.kind.value, op.tag.rsplit(".", 1)[-1], op.shape, op.out_shape, op.dtype)
+              for op in decode.ops if op.tag.startswith("layers.3.")]
+    # T = 128 a rank, 8 ranks: [128, 7168] -> [1024, 7168] bf16 (2 B: 1,835,008 B sent).
+    assert layer3 == [
+        ("allgather", "hidden_states", (128, 7168), (1024, 7168), "bf16"),
+        ("allgather", "topk_weights", (128, 8), (1024, 8), "fp32"),
+        ("allgather", "topk_ids", (128, 8), (1024, 8), "int32"),
+        ("reducescatter", "combine", (1024, 7168), (128, 7168), "bf16")]
+    assert decode.ops[1].bytes == 128 * 7168 * 2
+
+
+@pytest.mark.parametrize("gpu, ep, backend, words", [
+    ("b200", True, "flashinfer-cutlass", "SM90 only"),
+    ("h100", True, "marlin", "does not run block-fp8 experts"),
+])
+def test_fp8_moe_backend_refusals(gpu, ep, backend, words):
+    with pytest.raises(ConfigError, match=words):
+        generate("vllm", DEEPSEEK, Layout(dp=8, ep=ep), Workload(16, 3, batch=8),
+                 EngineOptions(gpu=gpu, moe_backend=backend))
+
+
 def test_deepseek_v3_dp2_tp4_ep_sequence_parallel():
-    pat = generate("vllm", DEEPSEEK, Layout(dp=2, tp=4, ep=True), Workload(16, 2, batch=8))
+    # --moe-backend deep-gemm: the fp8 dispatch with its scales (vLLM's default on an H100,
+    # FlashInfer CUTLASS, dispatches bf16: test above).
+    pat = generate("vllm", DEEPSEEK, Layout(dp=2, tp=4, ep=True), Workload(16, 2, batch=8),
+                   EngineOptions(moe_backend="deep-gemm"))
     decode = steps_of(pat, dp_rank=1)[-1][1]
     assert decode.tokens == 8
     # DeepSeek's own sequence-parallel layers (patterns/vllm_sp.py, deepseek_v2.py @
@@ -173,8 +215,9 @@ def test_dp_ranks_with_different_prefill_chunks():
     assert rank1 == [("prefill", 8192, 1), ("prefill", 8192, 1), ("decode", 8, 2)]
     step1 = pat.runs(0, 0)[1].step.ops[1]
     assert step1.counts == (4 * 7168, 8192 * 7168)  # uneven: an all-gatherv
-    # Dummy steps sample nothing; both ranks issue 4 steps x 291 calls.
-    assert pat.calls_per_inference(0) == 4 * 291
+    # Dummy steps sample nothing; both ranks issue 4 steps x 233 calls (1 + 58 x 4: the
+    # bf16 dispatch of FlashInfer CUTLASS, vLLM's default here, has no scale tensor).
+    assert pat.calls_per_inference(0) == 4 * 233
 
 
 def test_alltoall_and_volume_by_group():

@@ -7,7 +7,7 @@ from microbench.argtypes import positive_int, positive_int_list
 from patterns import ENGINES, EngineOptions, Layout, Pattern, Workload, generate, resolve_model
 from patterns.engines import DEFAULT_ENGINE
 from patterns.moe import A2A_MODES, check_a2a
-from patterns.mxfp4 import MXFP4_BACKENDS
+from patterns.mxfp4 import MOE_BACKENDS
 from patterns.pattern import GPUS, MODEL_RUNNERS
 
 
@@ -66,11 +66,14 @@ def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True
                        help="custom all-reduce, symmetric memory and all-reduce fusions off: "
                             "every device call on NCCL (the seeds' setting; for vLLM "
                             "--disable-custom-all-reduce -O0 and VLLM_ALLREDUCE_USE_SYMM_MEM=0)")
-    group.add_argument("--moe-backend", choices=tuple(MXFP4_BACKENDS), default=None,
-                       help="vllm: mxfp4 MoE backend (gpt-oss), which sets whether the MoE "
-                            "all-reduce carries the padded hidden size (default: vLLM's for "
-                            "--gpu: flashinfer-trtllm on b200, triton on h100/h200, marlin on "
-                            "a100; flashinfer-trtllm-padded: vLLM before May 2026 on b200)")
+    group.add_argument("--moe-backend", choices=MOE_BACKENDS, default=None,
+                       help="vllm: the MoE experts' kernel, vLLM's --moe-backend. mxfp4 "
+                            "(gpt-oss): sets whether the MoE all-reduce carries the padded "
+                            "hidden size (default: flashinfer-trtllm on b200, triton on "
+                            "h100/h200, marlin on a100; flashinfer-trtllm-padded: vLLM before "
+                            "May 2026 on b200). block-fp8 (DeepSeek-V3): flashinfer-cutlass "
+                            "(default on h100/h200 with --ep) dispatches bf16 hidden states, "
+                            "deep-gemm or triton fp8 ones with their scales")
     group.add_argument("--model-runner", choices=MODEL_RUNNERS, default=None,
                        help="vllm: Model Runner v1 or v2 (default: vLLM's for the model, v2 "
                             "for dense models)")

@@ -53,12 +53,13 @@ from dataclasses import replace
 from patterns.dp_steps import RankStep, align_dp_runs, build_replicas, dp_padded_tokens
 from patterns.dtypes import dtype_bytes
 from patterns.engine_base import EngineInfo, register
+from patterns.engines.vllm.fp8_moe import defers_input_quant, fp8_moe_backend
 from patterns.engines.vllm.sp import deepseek_sp, sp_final, sp_input, sp_moe_layer
 from patterns.errors import ConfigError
 from patterns.layout import Layout, Workload
 from patterns.models import ModelConfig, mlp_module
 from patterns.moe import exchanges_tokens, vllm_dp_coordination, vllm_moe_layer
-from patterns.mxfp4 import moe_allreduce_width, moe_widths
+from patterns.mxfp4 import MXFP4_BACKENDS, moe_allreduce_width, moe_widths
 from patterns.ops import Op, OpKind, Phase
 from patterns.pattern import EngineOptions, Pattern, Run
 from patterns.stage import Stage, merge, pad_to, run, stages
@@ -144,9 +145,12 @@ def moe_layer_ops(st: Stage, layer: int, tokens: int, feeds_rmsnorm: bool) -> li
                                     st.options.moe_backend)
         return [_allreduce(st, tokens, prefix, feeds_rmsnorm, width)]
     widths = moe_widths(st.h, st.model.weight_format, st.options.gpu, st.options.moe_backend)
+    # Block-fp8 experts under FlashInfer CUTLASS take bf16 inputs (fp8_moe.py).
+    defer = defers_input_quant(st.model.weight_format, st.options.gpu, st.layout.ep,
+                               st.options.moe_backend)
     ops = vllm_moe_layer(prefix, st.layout, st.dp_tokens, st.dp_rank, st.h,
                          st.model.num_experts_per_tok, st.dtype, st.options.a2a,
-                         st.model.weight_format, widths)
+                         st.model.weight_format, widths, defer)
     return [_allreduce(st, tokens, op.tag, feeds_rmsnorm, widths[1])
             if op.kind == OpKind.ALLREDUCE and op.group == "tp" else op for op in ops]
 
@@ -326,6 +330,24 @@ def _dp_replicas(model: ModelConfig, layout: Layout, workload: Workload,
     return build_replicas(align_dp_runs(per_rank), layout.pp, tokens_of, ops_of)
 
 
+def _check_moe_backend(model: ModelConfig, layout: Layout, options: EngineOptions) -> None:
+    """--moe-backend names the kernel of an mxfp4 (gpt-oss) or block-fp8 (DeepSeek-V3)
+    checkpoint's experts; the names each format takes are its own."""
+    chosen = options.moe_backend
+    if chosen is None:
+        return
+    if model.weight_format == "mxfp4":
+        if chosen not in MXFP4_BACKENDS:
+            raise ConfigError(f"moe-backend {chosen} does not run mxfp4 experts; use one of "
+                              f"{', '.join(MXFP4_BACKENDS)}")
+        return
+    if model.weight_format == "fp8":
+        fp8_moe_backend(options.gpu, layout.ep, chosen)  # refuses what vLLM refuses
+        return
+    raise ConfigError(f"moe-backend picks the kernel of mxfp4 (gpt-oss) or block-fp8 MoE "
+                      f"checkpoints; {model.name} is neither: drop --moe-backend")
+
+
 @register(INFO)
 def vllm_v1(model: ModelConfig, layout: Layout, workload: Workload,
             options: EngineOptions) -> Pattern:
@@ -336,9 +358,7 @@ def vllm_v1(model: ModelConfig, layout: Layout, workload: Workload,
         raise ConfigError(f"batch({largest}) exceeds max-num-seqs({max_seqs}): vLLM "
                           "would not run it as one batch; use batch <= max-num-seqs")
     _check_kv_heads(model, layout.tp)
-    if options.moe_backend and model.weight_format != "mxfp4":
-        raise ConfigError(f"moe-backend picks the kernel of mxfp4 MoE checkpoints (gpt-oss); "
-                          f"{model.name} is not one: drop --moe-backend")
+    _check_moe_backend(model, layout, options)
     runner = options.model_runner or default_model_runner(model)
     options = replace(options, model_runner=runner)
     counts = stage_layer_counts(model.num_hidden_layers, layout.pp)
