@@ -146,3 +146,22 @@ def test_decode_tp_above_kv_heads_priced(cli, tmp_path):
     assert status == 0, err
     doc = json.loads(out)
     assert doc["disagg_layouts"] == [] and "before #45879" in doc["disagg_refused"][0]
+
+
+def test_best_overall_compares_communication_with_the_least_of_the_colocated():
+    from types import SimpleNamespace
+
+    from microbench.analysis.kv_plan import best_overall
+
+    def colocated(tp, pp, e2e, fits=True):
+        return SimpleNamespace(shape=SimpleNamespace(tp=tp, pp=pp, dp=1, ep=False),
+                               e2e_us=e2e, meets_budget=True, fits_memory=fits)
+
+    # Ranked by floor (communication + compute) the TP4 layout comes first, but its
+    # communication (7,000 us) is more than TP1 PP2's (7 us) and the disaggregated 6,000 us;
+    # a layout that does not fit (1 us) is never it.
+    disagg = SimpleNamespace(meets_budget=True, e2e_us=6_000.0,
+                             disagg=SimpleNamespace(text=lambda: "prefill=tp2,decode=tp2"))
+    ranked = [colocated(4, 1, 7_000.0), colocated(1, 2, 7.0), colocated(1, 1, 1.0, fits=False)]
+    assert best_overall(ranked, [disagg]) == "colocated tp=1 pp=2 dp=1"
+    assert best_overall(ranked[:1], [disagg]) == "disaggregated prefill=tp2,decode=tp2"

@@ -278,6 +278,18 @@ def disagg_table(priced: list[DisaggPriced], budgeted: bool) -> str:
                                                                   "nodes", "budget"})
 
 
+def best_overall(colocated: list[Any], priced: list[DisaggPriced]) -> str | None:
+    """Communication end to end against communication end to end: the colocated layouts are
+    ranked by their floor (communication + compute), so the first of them is not the one to
+    take; those that do not fit in memory are never it."""
+    options = [(not c.meets_budget, c.e2e_us, f"colocated tp={c.shape.tp} pp={c.shape.pp} "
+                f"dp={c.shape.dp}" + (" ep" if c.shape.ep else ""))
+               for c in colocated if getattr(c, "fits_memory", True)]
+    options += [(not p.meets_budget, p.e2e_us, f"disaggregated {p.disagg.text()}")
+                for p in priced[:1]]
+    return min(options)[2] if options else None
+
+
 def add_disagg_plan(doc: dict[str, Any], args: argparse.Namespace, model: ModelConfig,
                     topology: Topology, budget: Any, colocated: list[Any],
                     memory_limit: int | None, sweep_rows: list[dict[str, Any]],
@@ -289,15 +301,7 @@ def add_disagg_plan(doc: dict[str, Any], args: argparse.Namespace, model: ModelC
     doc["disagg_layouts"] = [p.as_dict() for p in priced]
     doc["disagg_refused"] = refused
     doc["disagg_notes"] = notes
-    # Communication end to end against communication end to end: the colocated layouts are
-    # ranked by their floor (communication + compute), so their first is not the one to take.
-    options = [(not c.meets_budget, c.e2e_us, f"colocated tp={c.shape.tp} pp={c.shape.pp} "
-                f"dp={c.shape.dp}" + (" ep" if c.shape.ep else ""))
-               for c in colocated if getattr(c, "fits_memory", True)]
-    options = sorted(options)[:1]
-    options += [(not p.meets_budget, p.e2e_us, f"disaggregated {p.disagg.text()}")
-                for p in priced[:1]]
-    doc["best_overall"] = min(options)[2] if options else None
+    doc["best_overall"] = best_overall(colocated, priced)
     budgeted = doc["budget_ttft_ms"] is not None or doc["budget_tpot_ms"] is not None
     lines = ["", "", f"disaggregated candidates ({args.engine}, KV transfer of the batch "
              "inside TTFT; one request path, replica 0 of each side):"]

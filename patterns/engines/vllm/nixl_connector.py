@@ -24,14 +24,15 @@ public copy modal-projects/vllm):
 
 Both versions clip sliding-window groups under the hybrid KV cache manager, which stays on
 with NIXL (the connector is `SupportsHMA`, nixl/connector.py:79 @ c8109375; config/vllm.py:
-1643-1665): the request's blocks of a sliding-window group are cut to the last
-cdiv(window, block_size) + 1 (`blocks_per_sw`, nixl/base_scheduler.py:122-135, clipped at
-266-267; cda19ecf: nixl/scheduler.py:117, 128-148). The manager's groups
-(`_get_kv_cache_groups_uniform_page_size`, v1/core/kv_cache_utils.py:1198-1246): group size
-the fewest layers of one attention type (the most when under 1.5 x the fewest), each type in
-cdiv(its layers, group size) groups; layers of different groups share one tensor, so a
-region is one of group-size tensors and every group's blocks are read in every region
-(`_compute_desc_ids`, base_worker.py:113-125).
+1643-1665; the clip applies wherever a group is not full attention, a model all of whose
+layers slide included, base_scheduler.py:83-89): the request's blocks of a sliding-window
+group are cut to the last cdiv(window, block_size) + 1 (`blocks_per_sw`,
+nixl/base_scheduler.py:122-135, clipped at 266-267; cda19ecf: nixl/scheduler.py:117,
+128-148). The manager's groups (`_get_kv_cache_groups_uniform_page_size`,
+v1/core/kv_cache_utils.py:1198-1246): group size the fewest layers of one attention type
+(the most when under 1.5 x the fewest), each type in cdiv(its layers, group size) groups;
+layers of different groups share one tensor, so a region is one of group-size tensors and
+every group's blocks are read in every region (`_compute_desc_ids`, base_worker.py:113-125).
 
 MLA block size: vLLM sets the block size from the first attention backend that takes the
 configuration (`_get_backend_priorities`, platforms/cuda.py:93-143 @ c8109375), unless
