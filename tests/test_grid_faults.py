@@ -86,13 +86,20 @@ def test_a_ten_by_ten_grid_is_refused_before_any_combination_is_built(tmp_path):
     assert time.monotonic() - started < 30 and not (tmp_path / "o").exists()
 
 
-def test_a_setting_with_wrong_data_is_never_best(tmp_path):
-    # Fault 3: best.csv named, unflagged, a setting whose run failed --check. Rank 1 of the
-    # second setting corrupts its inputs (faults.py), so --check fails there only.
-    proc = subprocess.run(grid_replay(tmp_path, "--check", "--env",
+@pytest.fixture(scope="module")
+def wrong_data_grid(tmp_path_factory) -> subprocess.CompletedProcess:
+    """A grid whose first setting delivers wrong data: rank 1 corrupts its inputs
+    (faults.py), so --check fails there only."""
+    tmp_path = tmp_path_factory.mktemp("grid")
+    return subprocess.run(grid_replay(tmp_path, "--check", "--env",
                                       "INFERCOMM_FAULT=corrupt:1,none"),
                           capture_output=True, text=True, timeout=240, check=False,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def test_a_setting_with_wrong_data_is_never_best(wrong_data_grid):
+    # Fault 3: best.csv named, unflagged, a setting whose run failed --check.
+    proc = wrong_data_grid
     assert proc.returncode == 1, proc.stderr[-2000:]  # a run's data was wrong
     assert "not ranked: INFERCOMM_FAULT=corrupt:1 (--check found wrong data)" in proc.stdout
     summary = last_json(proc.stdout)
@@ -125,3 +132,23 @@ def test_a_grid_whose_setting_fails_keeps_and_names_what_finished(tmp_path):
     assert (f"kept the partial grid at {folder} with the 1 run that finished: {kept}"
             in proc.stderr), proc.stderr
     assert "(partial: 1 of 2 runs)" in proc.stdout
+
+
+SWEEP = next((Path(__file__).resolve().parent.parent / "results" / "examples"
+              / "samples").glob("*-sweep-*"))
+
+
+@pytest.mark.parametrize("command", [
+    ["report", "{grid}", "-o", "{tmp}/r.html"], ["plot", "{grid}", "-o", "{tmp}/figures"],
+    ["compare", "-A", "{grid}", "-B", "{run}"],
+    ["predict", "--sweep", str(SWEEP), "--against", "{grid}"]])
+def test_a_grid_folder_given_as_a_run_names_its_runs(cli, wrong_data_grid, tmp_path, command):
+    # A newcomer's first hour: a grid's folder was "not a run folder (no meta.json)".
+    grid = Path(last_json(wrong_data_grid.stdout)["results_dir"])
+    runs = [r["results_dir"] for r in json.loads((grid / "grid.json").read_text())["runs"]]
+    status, out, err = cli(*[a.format(grid=grid, run=runs[1], tmp=tmp_path) for a in command])
+    assert status == 2 and out == "", err
+    assert err == (f"infercomm {command[0]}: error: '{grid}' is a settings grid (grid.json, "
+                   "best.csv), not a run folder; pass one of its 2 runs, or two to compare "
+                   f"settings: {runs[0]} {runs[1]}\n")
+    assert not any(tmp_path.iterdir())

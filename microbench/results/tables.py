@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from microbench.argtypes import UsageError
+from microbench.results.grids import grid_message
 
 KINDS = ("replay", "sweep", "kvtransfer")
 
@@ -63,6 +64,8 @@ def read_meta(folder: Path) -> dict[str, Any]:
     """meta.json as a dict, with the keys readers rely on checked."""
     path = folder / "meta.json"
     if not path.is_file():
+        if (grid := grid_message(folder)) is not None:
+            raise UsageError(grid)
         raise UsageError(f"{str(folder)!r} is not a run folder (no meta.json); pass a folder "
                          "that replay or sweep wrote")
     try:
