@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from microbench.analysis.hierarchy import RESAMPLES, between_run_cv, hierarchical_ratio
-from microbench.analysis.sameness import mismatch, run_metrics, same_run
+from microbench.analysis.sameness import first_repeat, mismatch, run_metrics
 from microbench.analysis.spread import shape_flags
 from microbench.argtypes import UsageError
 from microbench.results.runs import RunFolder
@@ -186,14 +186,13 @@ def check_sides(a_runs: list[RunFolder], b_runs: list[RunFolder]) -> None:
     if not a_runs or not b_runs:
         raise UsageError("compare needs runs on both sides: -A RUN... -B RUN...")
     every = [("A", r) for r in a_runs] + [("B", r) for r in b_runs]
-    for i, (side_i, x) in enumerate(every):
-        for side_j, y in every[i + 1:]:
-            how = same_run(x, y)
-            if how:
-                where = f"on side {side_i}" if side_i == side_j else "on both sides"
-                raise UsageError(f"{x.path} and {y.path} are {how}, {where}: a run against "
-                                 "itself always reads 1.000; compare other runs of one build "
-                                 "to see its drift, or runs of two builds")
+    repeat = first_repeat([r for _, r in every])
+    if repeat:
+        (side_i, x), (side_j, y) = every[repeat[0]], every[repeat[1]]
+        where = f"on side {side_i}" if side_i == side_j else "on both sides"
+        raise UsageError(f"{x.path} and {y.path} are {repeat[2]}, {where}: a run against "
+                         "itself always reads 1.000; compare other runs of one build "
+                         "to see its drift, or runs of two builds")
     base = a_runs[0]
     for other in every[1:]:
         why = mismatch(base, other[1])

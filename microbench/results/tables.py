@@ -88,6 +88,15 @@ def read_meta(folder: Path) -> dict[str, Any]:
                          "or kvtransfer)")
     _need(path, meta, "argv", list, "the command line, a list")
     _need(path, meta, "backend", str, "a name")
+    for key, kind, what in OPTIONAL_META:  # read by compare, report and plot when present
+        value = meta.get(key)
+        if value is not None and not isinstance(value, kind):
+            raise UsageError(f"{path}: {key} is a JSON {_json_type(value)}, not {what}; not "
+                             "a meta.json infercomm wrote")
+    hosts = meta.get("hosts")
+    if isinstance(hosts, list) and not all(isinstance(h, str) for h in hosts):
+        raise UsageError(f"{path}: hosts holds a value that is not a host name; not a "
+                         "meta.json infercomm wrote")
     world = _need(path, meta, "world_size", int, "a positive integer")
     if world < 1:
         raise UsageError(f"{path}: world_size {world} must be a positive integer")
@@ -100,6 +109,18 @@ def read_meta(folder: Path) -> dict[str, Any]:
         if steps < 0:
             raise UsageError(f"{path}: pattern.workload.decode_steps {steps} is negative")
     return meta
+
+
+# Keys a run may lack but, when present, must have the type readers take them as.
+OPTIONAL_META = (("environment", dict, "an object of variables"),
+                 ("versions", dict, "an object of library versions"),
+                 ("hosts", list, "a list of host names"),
+                 ("pattern", dict, "the replayed pattern, an object"))
+
+
+def _json_type(value: object) -> str:
+    return {dict: "object", list: "list", str: "string", bool: "boolean", int: "number",
+            float: "number"}.get(type(value), type(value).__name__)
 
 
 def _need(path: Path, where: dict[str, Any], key: str, kind: type, what: str,
