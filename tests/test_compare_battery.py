@@ -103,6 +103,6 @@ def test_a_meta_json_of_wrong_types_is_one_line(cli, tmp_path, key, value, words
     for command in (["compare", str(a), str(b)], ["report", str(b), "-o",
                                                      str(tmp_path / "r.html")]):
         status, out, err = cli(*command)
-        assert status == 2 and "Traceback" not in err, err
+        assert status == 2 and out == "" and "Traceback" not in err, err
         assert len(err.strip().splitlines()) == 1 and words in err, err
     assert not (tmp_path / "r.html").exists()
