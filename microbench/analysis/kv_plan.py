@@ -58,6 +58,7 @@ class KVFits:
 class DisaggPriced:
     disagg: DisaggLayout
     connector: str
+    connector_version: str
     prefill_us: float
     transfer_us: float
     decode_step_us: float
@@ -75,6 +76,7 @@ class DisaggPriced:
 
     def as_dict(self) -> dict[str, Any]:
         return {"disagg": self.disagg.text(), "connector": self.connector,
+                "connector_version": self.connector_version,
                 "prefill_tp": self.disagg.prefill.tp, "prefill_dp": self.disagg.prefill.dp,
                 "decode_tp": self.disagg.decode.tp, "decode_dp": self.disagg.decode.dp,
                 "prefill_us": round(self.prefill_us, 3),
@@ -250,7 +252,8 @@ def plan_disagg(args: argparse.Namespace, model: ModelConfig, topology: Topology
             continue
         crosses |= "inter" in topology.used
         e2e = prefill + moved + (args.decode - 1) * step
-        priced.append(DisaggPriced(cand, d.transfer.connector.name, prefill, moved, step, e2e,
+        chosen = d.transfer.connector
+        priced.append(DisaggPriced(cand, chosen.name, chosen.version, prefill, moved, step, e2e,
                                    d.transfer.total_bytes * args.batch,
                                    budget.met(prefill + moved, step), crosses, decode_memory,
                                    splits))
@@ -303,8 +306,10 @@ def add_disagg_plan(doc: dict[str, Any], args: argparse.Namespace, model: ModelC
     doc["disagg_notes"] = notes
     doc["best_overall"] = best_overall(colocated, priced)
     budgeted = doc["budget_ttft_ms"] is not None or doc["budget_tpot_ms"] is not None
-    lines = ["", "", f"disaggregated candidates ({args.engine}, KV transfer of the batch "
-             "inside TTFT; one request path, replica 0 of each side):"]
+    connector = (f"{priced[0].connector} @ {priced[0].connector_version}" if priced else
+                 args.connector or "")
+    lines = ["", "", f"disaggregated candidates ({args.engine} {connector}, KV transfer of the "
+             "batch inside TTFT; one request path, replica 0 of each side):"]
     if priced:
         lines.append(disagg_table(priced, budgeted))
         alike = sum(p.splits for p in priced) - len(priced)

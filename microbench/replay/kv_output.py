@@ -97,7 +97,8 @@ def write_transfer(d: DisaggPattern, args: argparse.Namespace, gathered: list[tu
     print(render_table(
         ["KV transfer", "bytes", "pairs", "descriptors", "median", "p5", "p95", "GB/s",
          "#wrong"],
-        [[f"{t.connector.engine} {t.connector.name} via {args.kv_transport}",
+        [[f"{t.connector.engine} {t.connector.name} @ {t.connector.version} via "
+          f"{args.kv_transport}",
           format_bytes(t.total_bytes), str(head["pairs"]), f"{head['descriptors']:,}",
           format_us(median), format_us(p5), format_us(p95),
           f"{summary['gbps']:.3f}" if summary["gbps"] else "-",
