@@ -23,6 +23,16 @@ from microbench.ranks.dist import detect, first_slurm_host, slurm_port
     ({"PMI_RANK": "5", "PMI_SIZE": "8", "SLURM_PROCID": "5", "SLURM_NTASKS": "8",
       "SLURM_LOCALID": "1", "SLURM_JOB_ID": "45000", "SLURM_STEP_NODELIST": "n1,n2"},
      ("pmi", 5, 8, 1, "n1", 25000)),
+    # srun --mpi=cray_shasta (Cray MPICH): PMI_RANK, PMI_SIZE, PMI_LOCAL_RANK from Slurm's
+    # plugin (src/plugins/mpi/cray_shasta/mpi_cray_shasta.c @ b5076411), and SLURM_LOCALID;
+    # task 6 of 8 on two nodes of 4 is local rank 2 on the second.
+    ({"PMI_RANK": "6", "PMI_SIZE": "8", "PMI_LOCAL_RANK": "2", "SLURM_PROCID": "6",
+      "SLURM_NTASKS": "8", "SLURM_LOCALID": "2", "SLURM_JOB_ID": "45000",
+      "SLURM_STEP_NODELIST": "x1000c0s0b0n0,x1000c0s0b0n1"},
+     ("pmi", 6, 8, 2, "x1000c0s0b0n0", 25000)),
+    # PMI_LOCAL_RANK without Slurm's variables: still the local rank.
+    ({"PMI_RANK": "3", "PMI_SIZE": "4", "PMI_LOCAL_RANK": "1"},
+     ("pmi", 3, 4, 1, "127.0.0.1", 29500)),
     # mpiexec (Hydra) inside an allocation: its proxy's SLURM_LOCALID (0) is not the rank's.
     ({"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "SLURM_PROCID": "0",
       "SLURM_LOCALID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "45000"},

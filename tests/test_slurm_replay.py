@@ -62,7 +62,8 @@ def test_srun_without_pmi_is_refused_with_the_fix(slurm_cluster, tmp_path):  # n
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("infercomm replay: error")]
     assert len(errors) == 4  # every task says it, once
     assert all("the launcher started 4 ranks (slurm variables) but MPI sees a world of 1; "
-               "launch with srun --mpi=pmi2 for MPICH or srun --mpi=pmix for Open MPI" in e
+               "launch with srun --mpi=pmi2 for MPICH, --mpi=pmix for Open MPI or "
+               "--mpi=cray_shasta for Cray MPICH" in e
                for e in errors)
     assert not (tmp_path / "res").exists() or not any((tmp_path / "res").iterdir())
 

@@ -36,7 +36,8 @@ def cuda_aware() -> bool | None:
 
 
 def _srun_mpi_hint() -> str:
-    return ("launch with srun --mpi=pmi2 for MPICH or srun --mpi=pmix for Open MPI"
+    return ("launch with srun --mpi=pmi2 for MPICH, --mpi=pmix for Open MPI or "
+            "--mpi=cray_shasta for Cray MPICH"
             if "SLURM_JOB_ID" in os.environ else "launch with the MPI library's mpiexec")
 
 

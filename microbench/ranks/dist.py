@@ -64,7 +64,11 @@ def detect(environ: Mapping[str, str] | None = None) -> DistEnv | None:
         return None
     launcher, rank_var, size_var, local_var = found
     rank, size = int(env[rank_var]), int(env[size_var])
-    if (launcher == "pmi" and local_var not in env and "SLURM_LOCALID" in env
+    if launcher == "pmi" and local_var not in env and "PMI_LOCAL_RANK" in env:
+        # Cray PMI: srun --mpi=cray_shasta sets PMI_RANK, PMI_SIZE and PMI_LOCAL_RANK (SchedMD
+        # slurm src/plugins/mpi/cray_shasta/mpi_cray_shasta.c, mpi_p_slurmstepd_task @ b5076411)
+        local_var = "PMI_LOCAL_RANK"
+    elif (launcher == "pmi" and local_var not in env and "SLURM_LOCALID" in env
             and env.get("SLURM_PROCID") == env[rank_var]):
         local_var = "SLURM_LOCALID"  # srun --mpi=pmi2 started this task
     local = int(env.get(local_var, "0") or 0)
