@@ -242,3 +242,28 @@ def test_sglang_speculation_caps_running_requests_at_48(given, first_batch):
                          None, s)
     first = p.schedule.segments[0].shape
     assert (first.prefill_seqs, first.prefill_tokens) == (first_batch, 4 * first_batch)
+
+
+@pytest.mark.parametrize("k, options", [
+    # vLLM's defaults: max_num_seqs 1024 x (1 + 8) = 9216 > 8192 tokens, a legal setting
+    # (vLLM does not check it); two requests decode 2 x 9 = 18 tokens a step.
+    (8, {}),
+    # k = 3 with a 2048-token budget: 1024 x 4 = 4096 > 2048, legal too.
+    (3, {"max_batched_tokens": 2048}),
+])
+def test_legal_speculation_budgets_not_refused(k, options):
+    s = parse_spec(f'{{"method": "eagle", "num_speculative_tokens": {k}}}', 2.0, None)
+    p = workload_pattern("vllm", resolve_model("llama-3.1-8b"), Layout(tp=2),
+                         [Request(0, 16, 9)] * 2, None, EngineOptions(**options), None, s)
+    decode = p.schedule.segments[1].shape
+    assert (decode.decode_seqs, decode.tokens) == (2, 2 * (1 + k))
+
+
+def test_decodes_beyond_the_budget_refused_when_they_happen():
+    # Budget 8, k = 3: three requests decoding need 3 x 4 = 12 > 8 tokens: vLLM would leave
+    # one out of the step (not modelled): refused at the step it happens.
+    s = parse_spec(EAGLE3, 2.0, None)
+    with pytest.raises(ConfigError, match="step 1: 3 requests decode 4 tokens each"):
+        workload_pattern("vllm", resolve_model("llama-3.1-8b"), Layout(tp=2),
+                         [Request(0, 2, 5)] * 3, None,
+                         EngineOptions(max_batched_tokens=8, max_num_seqs=4), None, s)

@@ -131,6 +131,23 @@ def test_max_num_seqs_reached_async():
     assert [tuple(s.decode) for s in p.schedule.spans] == [(1, 3), (1, 2), (4, 5)]
 
 
+def test_async_held_slot_freed_inside_a_run_of_decodes():
+    # max_num_seqs 2: A (prompt 5, output 2), B (5, 6), C (5, 2), all at 0. Sizes [1, 2, 4].
+    # Async: step 0: A 5 + B 5 (T 10). step 1: A, B decode (A's last).
+    # step 2: A skipped but held: B decodes alone (T 1), C waits (B + A = 2).
+    # step 3: A gone: B decodes + C's 5 (T 6). step 4: B, C decode (C's last), T 2.
+    # step 5: B's fifth and last decode, T 1 (C held, nobody waits).
+    # Synchronous: C joins at step 2 (T 6); B, C decode at 3 (T 2); B alone at 4 and 5.
+    reqs = [Request(0, 5, 2), Request(0, 5, 6), Request(0, 5, 2)]
+    for async_on, want in ((True, [(10, 2, 2, "eager"), (2, 2, 0, "full"), (1, 1, 0, "full"),
+                                   (6, 2, 1, "eager"), (2, 2, 0, "full"), (1, 1, 0, "full")]),
+                           (False, [(10, 2, 2, "eager"), (2, 2, 0, "full"), (6, 2, 1, "eager"),
+                                    (2, 2, 0, "full"), (1, 1, 0, "full"), (1, 1, 0, "full")])):
+        opts = EngineOptions(max_batched_tokens=64, max_num_seqs=2, async_scheduling=async_on)
+        p = workload_pattern("vllm", LLAMA, Layout(tp=2), reqs, None, opts, None)
+        check_steps(p, want)
+
+
 def test_async_every_slot_held_by_a_finished_request():
     # max_num_seqs 1, async: A (prompt 5, output 2), B (prompt 3, output 1), both at 0.
     # step 0: A 5 (T 5, eager: sizes [1, 2] with cap min(2, 512, 64) = 2); B waits.
@@ -154,3 +171,23 @@ def test_folding_keeps_steps_flat():
     p = workload_pattern("vllm", LLAMA, Layout(tp=2), reqs, None, EngineOptions(), None)
     assert [(s.repeat, s.shape.tokens) for s in p.schedule.segments] == [(1, 1000), (999, 200)]
     assert p.calls_per_inference(0) == 1000 * 66
+
+
+def test_docs_worked_example_async_moves_an_admission():
+    # docs/workloads.md "Scheduling modes": examples/workloads/small.jsonl, Llama-3.1-70B TP8,
+    # 30 ms steps, budget 2048, max_num_seqs 2. A (1500, 4) and B (200, 12) at 0; C (300, 6)
+    # at 50 ms = clock step 2. A decodes in steps 1-3 (4 - 1 = 3).
+    # Synchronous: A gone at 4, C's 300 + B's 1 = 301 in step 4; 20 steps in all.
+    # Async: A held in step 4 (B alone, T 1), C in step 5; 22 steps in all.
+    from pathlib import Path
+
+    from patterns.workload.requests import read_requests
+    reqs = read_requests(str(Path(__file__).parent.parent / "examples/workloads/small.jsonl"))
+    model = resolve_model("llama-3.1-70b")
+    for async_on, head, total in ((False, [(0, 1, 1700), (1, 3, 2), (4, 1, 301)], 20),
+                                  (True, [(0, 1, 1700), (1, 3, 2), (4, 1, 1), (5, 1, 301)], 22)):
+        opts = EngineOptions(max_batched_tokens=2048, max_num_seqs=2, async_scheduling=async_on)
+        p = workload_pattern("vllm", model, Layout(tp=8), reqs, None, opts, 0.030)
+        segs = p.schedule.segments[:len(head)]
+        assert [(s.start, s.repeat, s.shape.tokens) for s in segs] == head
+        assert p.schedule.steps == total
