@@ -6,11 +6,15 @@ from dataclasses import dataclass
 from patterns.errors import ConfigError
 from patterns.layout import Layout, Workload
 from patterns.models import ModelConfig
-from patterns.mxfp4 import check_moe_backend
 from patterns.ops import Phase, Step
 
 GPUS = ("h100", "h200", "b200", "a100")
 MODEL_RUNNERS = ("v1", "v2")
+# vLLM's --moe-backend names: the mxfp4 backends (patterns/engines/vllm/mxfp4.py), then those
+# that run block-fp8 experts only (patterns/engines/vllm/fp8_moe.py; its triton and
+# flashinfer-cutlass are mxfp4 names too).
+MOE_BACKENDS = ("triton", "marlin", "flashinfer-cutlass", "flashinfer-trtllm",
+                "flashinfer-trtllm-padded", "deep-gemm")
 
 
 @dataclass(frozen=True)
@@ -32,10 +36,10 @@ class EngineOptions:
     # How MoE layers exchange tokens under --dp N (patterns/moe.py A2A_MODES): vLLM's
     # default all-gather + reduce-scatter, or DeepEP-style all-to-all (needs --ep).
     a2a: str = "allgather_reducescatter"
-    # vLLM's mxfp4 MoE backend (patterns/mxfp4.py); None: vLLM's choice for `gpu`.
+    # vLLM's MoE experts' kernel (MOE_BACKENDS); None: vLLM's choice for `gpu`.
     moe_backend: str | None = None
     # vLLM's --async-scheduling / --no-async-scheduling; None: vLLM's default (on, off with
-    # ngram speculation: patterns/workload/scheduler_vllm.py).
+    # ngram speculation: patterns/engines/vllm/scheduler.py).
     async_scheduling: bool | None = None
     # SGLang's --disable-overlap-schedule (the overlap scheduler is on by default).
     disable_overlap_schedule: bool = False
@@ -46,7 +50,9 @@ class EngineOptions:
         if self.model_runner is not None and self.model_runner not in MODEL_RUNNERS:
             raise ConfigError(f"model-runner {self.model_runner!r} does not exist; use one of "
                               f"{', '.join(MODEL_RUNNERS)}")
-        check_moe_backend(self.moe_backend)
+        if self.moe_backend is not None and self.moe_backend not in MOE_BACKENDS:
+            raise ConfigError(f"moe-backend {self.moe_backend!r} is not a MoE backend; use one "
+                              f"of {', '.join(MOE_BACKENDS)}")
         for name in ("max_batched_tokens", "max_num_seqs"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)

@@ -92,7 +92,7 @@ def _is_moe_layer(pattern: Pattern, layer: int) -> bool:
 
 
 def _layer_row(pattern: Pattern, phase: Phase, step: Step, kind: str) -> MoeLayerRow | None:
-    from patterns.vllm_rules import stage_layer_counts
+    from patterns.shapes import stage_layer_counts
     layers = [i for i in range(stage_layer_counts(pattern.model.num_hidden_layers,
                                                   pattern.layout.pp)[0])
               if _is_moe_layer(pattern, i) == (kind == "moe")]

@@ -1,111 +1,12 @@
 """Which transport an engine sends a call through, under its defaults (engine spec 10.2).
 
 The count and shapes of calls never depend on this; only what carries them does. Sizes are
-per-rank input bytes. Tables are vLLM's and SGLang's own, keyed by GPU architecture:
-
-- vLLM `CudaCommunicator.all_reduce` takes the first of: NCCL symmetric memory (off by
-  default), quick-reduce (ROCm), standalone FlashInfer all-reduce (off by default), AITER
-  (ROCm), custom all-reduce, torch symmetric memory, PyNccl
-  (`distributed/device_communicators/cuda_communicator.py`; vllm-project/vllm
-  `all_reduce_utils.py` @ 00d618aa for the size tables). Before that, the compile pass
-  `fuse_allreduce_rms` (on at -O2 when TP > 1 on sm90/sm100 with FlashInfer, which vLLM's
-  CUDA requirements pin) turns every all-reduce that feeds an RMSNorm into FlashInfer's fused
-  kernel up to `FI_ALLREDUCE_FUSION_MAX_SIZE_MB` (`compilation/passes/fusion/
-  allreduce_rms_fusion.py` @ 0052812d).
-- SGLang main of 2026-07-20 (modal-projects/sglang @ 8905cbd4, `python/sglang/srt/`):
-  `CustomAllReduceV2` (on by default, `environ.py:747` SGLANG_OPT_USE_CUSTOM_ALL_REDUCE_V2)
-  takes sizes that are a multiple of 16 B up to its 16 MiB workspace (`environ.py:750`,
-  `custom_all_reduce_v2.py:284-297`; every sm90/sm100 two-shot threshold of
-  `configs/custom_all_reduce_v2.py:115-163` is >= 16 MiB), NCCL above; on A100 the first
-  custom all-reduce's 8 MiB (`custom_all_reduce.py:42`) is taken. FlashInfer all-reduce +
-  RMSNorm fusion is switched on for the architectures of `arg_groups/overrides.py:1514-1557`
-  on sm90/sm100 at TP > 1 and runs for batches up to `FUSE_ALLREDUCE_MAX_BATCH_SIZE` = 2048
-  tokens (`layers/communicator.py:161-175`). The logits all-gather goes through a Triton
-  multimem kernel for bf16 and at most 128 rows (`triton_symm_mem_ag.py:421-510`) where
-  NVLink multicast exists (sm90+).
+per-rank input bytes. Tables are vLLM's and SGLang's own, keyed by GPU architecture (below),
+and live beside each engine: `patterns/engines/vllm/transports.py`,
+`patterns/engines/sglang/transports.py`.
 """
-
-from patterns.ops import Transport
 
 MiB = 1 << 20
 
 # sm90 = H100/H200, sm100 = B200, sm80 = A100 (no fusion, no torch symm-mem table).
 GPU_ARCH = {"h100": "sm90", "h200": "sm90", "b200": "sm100", "a100": "sm80"}
-
-# allreduce_rms_fusion.py: FI_ALLREDUCE_FUSION_MAX_SIZE_MB[90] / [100].
-VLLM_FUSED_MAX = {"sm90": {2: 64 * MiB, 4: 2 * MiB, 8: MiB // 2},
-                  "sm100": {2: 64 * MiB, 4: 32 * MiB, 8: 1 * MiB}}
-# all_reduce_utils.py: CUSTOM_ALL_REDUCE_MAX_SIZES["9.0"] / ["10.0"].
-VLLM_CUSTOM_AR_MAX = {"sm90": {2: 64 * MiB, 4: 32 * MiB, 6: MiB // 2, 8: MiB // 4},
-                      "sm100": {2: 2 * MiB, 4: 2 * MiB, 6: 1 * MiB, 8: 1 * MiB}}
-# custom_all_reduce.py:74: the default max_size, never exceeded (custom AR: size < max_size).
-VLLM_CUSTOM_AR_DEFAULT = 8 * MiB
-# all_reduce_utils.py: SYMM_MEM_ALL_REDUCE_MAX_SIZES["9.0"] / ["10.0"].
-VLLM_SYMM_MEM_MAX = {"sm90": {2: 64 * MiB, 4: 32 * MiB, 6: 64 * MiB, 8: 64 * MiB},
-                     "sm100": {2: 8 * MiB, 4: 32 * MiB, 6: 128 * MiB, 8: 128 * MiB}}
-CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8)
-
-SGLANG_CUSTOM_AR_MAX = 16 * MiB
-SGLANG_CUSTOM_AR_MAX_SM80 = 8 * MiB
-# The HF model_type of the architectures in _FLASHINFER_ALLREDUCE_FUSION_ARCHS.
-SGLANG_FUSION_MODEL_TYPES = frozenset({"deepseek_v3", "deepseek_v32", "gpt_oss", "glm4_moe",
-                                       "qwen3_moe", "qwen3_next", "nemotron_h"})
-SGLANG_MULTIMEM_MAX_ROWS = 128
-
-
-def vllm_allreduce(nbytes: int, tp: int, gpu: str, dtype: str, feeds_rmsnorm: bool,
-                   nccl_only: bool) -> Transport:
-    """The transport of one vLLM V1 TP all-reduce of `nbytes` per rank.
-
-    `feeds_rmsnorm`: the result goes straight into an RMSNorm (every model all-reduce except
-    the last layer's on a stage that hands its output to the next stage) and torch.compile
-    runs, so the fusion pass can take it. `nccl_only`: the seeds' setting, which in vLLM of
-    2026 takes `--disable-custom-all-reduce`, -O0 *and* VLLM_ALLREDUCE_USE_SYMM_MEM=0: the
-    first two alone leave bf16 all-reduces on torch symm-mem, which has its own switch
-    (`cuda_communicator.py:56-60` @ c8109375). GPUs are taken as fully NVLinked with
-    multicast (SXM boards).
-    """
-    if nccl_only or tp == 1:
-        return Transport.NCCL
-    arch = GPU_ARCH[gpu]
-    fused = VLLM_FUSED_MAX.get(arch, {}).get(tp)
-    if feeds_rmsnorm and fused is not None and nbytes <= fused:
-        return Transport.FUSED_ALLREDUCE_RMSNORM
-    # SymmMemCommunicator is up when the architecture and world size have a table entry
-    # (symm_mem.py:66-79), whatever the model's dtype; it then caps custom AR
-    # (custom_all_reduce.py:150-163) and takes only bf16 inputs (symm_mem.py:117-125).
-    symm_max = VLLM_SYMM_MEM_MAX.get(arch, {}).get(tp)
-    custom_max = VLLM_CUSTOM_AR_DEFAULT
-    if symm_max is not None:
-        custom_max = min(VLLM_CUSTOM_AR_MAX.get(arch, {}).get(tp, custom_max), custom_max)
-    if tp in CUSTOM_AR_WORLD_SIZES and nbytes % 16 == 0 and nbytes < custom_max:
-        return Transport.CUSTOM_ALLREDUCE
-    if symm_max is not None and dtype == "bf16" and nbytes % 4 == 0 and nbytes <= symm_max:
-        return Transport.SYMM_MEM
-    return Transport.NCCL
-
-
-def sglang_allreduce(nbytes: int, tokens: int, tp: int, gpu: str, model_type: str,
-                     nccl_only: bool, fusable: bool = True) -> Transport:
-    """The transport of one SGLang TP all-reduce (engine spec 10.4). `fusable`: the call is
-    one the fusion can take (not the embedding's nor the last layer's MLP one:
-    `patterns.engines.sglang.fusable`)."""
-    if nccl_only or tp == 1:
-        return Transport.NCCL
-    if (fusable and model_type in SGLANG_FUSION_MODEL_TYPES
-            and GPU_ARCH[gpu] in ("sm90", "sm100") and tokens <= SGLANG_FUSION_MAX_TOKENS):
-        return Transport.FUSED_ALLREDUCE_RMSNORM
-    cap = SGLANG_CUSTOM_AR_MAX_SM80 if GPU_ARCH[gpu] == "sm80" else SGLANG_CUSTOM_AR_MAX
-    if 2 <= tp <= 8 and nbytes % 16 == 0 and nbytes <= cap:
-        return Transport.CUSTOM_ALLREDUCE
-    return Transport.NCCL
-
-
-# layers/communicator.py: the fused all-reduce + RMSNorm runs for batches up to this size.
-SGLANG_FUSION_MAX_TOKENS = 2048
-
-
-def sglang_logits_allgather(rows: int, dtype: str, gpu: str, nccl_only: bool) -> Transport:
-    if nccl_only or dtype != "bf16" or GPU_ARCH[gpu] == "sm80" or rows > SGLANG_MULTIMEM_MAX_ROWS:
-        return Transport.NCCL
-    return Transport.MULTIMEM

@@ -17,7 +17,7 @@ Shards as vLLM shards them: TP splits attention heads (a KV head is replicated w
 are fewer KV heads than TP ranks, `QKVParallelLinear`), MLA's q_b/kv_b/o (its q_a and kv_a
 projections are replicated, `ReplicatedLinear`), the MLP, experts without EP, and the padded
 vocabulary of the embedding and LM head (`VocabParallelEmbedding`); PP splits the layers as
-`get_pp_indices` does (vllm_rules.stage_layer_counts), the embedding on the first stage, the
+`get_pp_indices` does (shapes.stage_layer_counts), the embedding on the first stage, the
 final norm and LM head on the last (a tied LM head is the embedding only where both sit on
 one stage); with EP the experts split whole over the EP group of dp x tp ranks; DP attention
 replicates everything else over the DP ranks. The figure is the heaviest rank's.
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from patterns.dtypes import DTYPE_BYTES
 from patterns.layout import Layout
 from patterns.models import ModelConfig
-from patterns.vllm_rules import padded_vocab, stage_layer_counts
+from patterns.shapes import padded_vocab, stage_layer_counts
 
 MXFP4_BYTES = 4.25 / 8
 

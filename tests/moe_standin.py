@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 from patterns import Layout, ModelConfig, Op, OpKind, Pattern, Phase, Workload
 from patterns.dp_steps import RankStep, align_dp_runs, build_replicas, dp_padded_tokens
-from patterns.moe import vllm_dp_coordination, vllm_moe_layer
+from patterns.engines.vllm.moe import vllm_dp_coordination, vllm_moe_layer
 from patterns.pattern import EngineOptions
-from patterns.vllm_rules import graph_batch_size
+from patterns.shapes import graph_batch_size
 
 
 @dataclass(frozen=True)

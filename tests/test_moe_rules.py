@@ -24,14 +24,10 @@ import pytest
 
 from patterns import ConfigError, Layout, ModelConfig, OpKind, Workload, resolve_model
 from patterns.dp_steps import dp_padded_tokens
+from patterns.engines.sglang.dp import sglang_dp_layer, sglang_mlp_sync, sglang_padding_mode
+from patterns.engines.vllm.moe import vllm_moe_layer
 from patterns.groups import group_of, groups
-from patterns.moe import (
-    notes,
-    sglang_dp_layer,
-    sglang_mlp_sync,
-    sglang_padding_mode,
-    vllm_moe_layer,
-)
+from patterns.moe import notes
 from patterns.volume import volume_by_group, volume_bytes
 from tests.moe_standin import MoeDims, graph_size, pattern, step_ops
 
@@ -322,7 +318,7 @@ def test_moe_with_dp_but_no_ep_gathers_over_dp_and_reduces_over_tp():
 def test_sglang_step_tokens():
     from patterns import Phase
     from patterns.dp_steps import SGLANG_IDLE_STEP, RankStep
-    from patterns.moe import sglang_step_tokens
+    from patterns.engines.sglang.dp import sglang_step_tokens
     decode = [RankStep(Phase.DECODE, b, b) for b in (3, 5, 2, 10)]
     # Graphed decode: every rank runs the graph of the largest batch, 10 -> 12 in SGLang's
     # sizes [1, 2, 4, 8, 12, 16, ...] (server_args.py); MAX_LEN.

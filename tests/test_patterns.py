@@ -15,7 +15,7 @@ from patterns import (
     pattern_rows,
     resolve_model,
 )
-from patterns.vllm_rules import graph_batch_size, padded_vocab, prefill_chunks, stage_layer_counts
+from patterns.shapes import graph_batch_size, padded_vocab, prefill_chunks, stage_layer_counts
 
 
 def gen(model: str, tp=1, pp=1, prompt=128, decode=128, batch=1, **options):

@@ -20,8 +20,9 @@ import pytest
 
 from microbench.views.workload import workload_document
 from patterns import ConfigError, EngineOptions, Layout, OpKind, Transport, resolve_model
+from patterns.engines.vllm.speculative import spec_capture_sizes
 from patterns.engines.workloads import workload_pattern
-from patterns.speculative import parse_spec, spec_capture_sizes
+from patterns.speculative import parse_spec
 from patterns.workload.requests import Request
 
 

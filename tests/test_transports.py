@@ -19,7 +19,8 @@ from collections import Counter
 import pytest
 
 from patterns import EngineOptions, Layout, Transport, Workload, generate, resolve_model
-from patterns.transports import sglang_allreduce, sglang_logits_allgather, vllm_allreduce
+from patterns.engines.sglang.transports import sglang_allreduce, sglang_logits_allgather
+from patterns.engines.vllm.transports import vllm_allreduce
 
 TOKEN_BYTES = 4096 * 2
 FUSED, CUSTOM, SYMM, NCCL = (Transport.FUSED_ALLREDUCE_RMSNORM, Transport.CUSTOM_ALLREDUCE,

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from patterns import EngineOptions, Layout, ModelConfig, Workload, generate, resolve_model
 from patterns import volume_bytes as volume
-from patterns.vllm_rules import graph_batch_size, padded_vocab
+from patterns.shapes import graph_batch_size, padded_vocab
 
 
 def test_tp2_llama_8b_by_hand():

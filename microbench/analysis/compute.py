@@ -30,7 +30,7 @@ from microbench.analysis.hardware import GPU_SPECS
 from patterns.dtypes import DTYPE_BYTES
 from patterns.layout import Layout
 from patterns.models import ModelConfig
-from patterns.vllm_rules import padded_vocab, stage_layer_counts
+from patterns.shapes import padded_vocab, stage_layer_counts
 from patterns.weights import (
     LayerWeights,
     _bytes,

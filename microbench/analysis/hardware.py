@@ -44,8 +44,8 @@ GPU_SPECS = {
 
 def step_token_budget(gpu: str, max_batched_tokens: int | None) -> int:
     """The tokens vLLM's memory profile runs: --max-batched-tokens, else V1's default for
-    the GPU (patterns/vllm_rules.py `v1_defaults`)."""
-    from patterns.vllm_rules import v1_defaults
+    the GPU (patterns/engines/vllm/rules.py `v1_defaults`)."""
+    from patterns.engines.vllm.rules import v1_defaults
 
     return max_batched_tokens or v1_defaults(gpu)[1]
 

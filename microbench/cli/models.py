@@ -5,7 +5,7 @@ import json
 
 from microbench.views.textfmt import render_table
 from patterns import PRESETS
-from patterns.vllm_rules import padded_vocab
+from patterns.shapes import padded_vocab
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -7,8 +7,7 @@ from microbench.argtypes import positive_int, positive_int_list
 from patterns import ENGINES, EngineOptions, Layout, Pattern, Workload, generate, resolve_model
 from patterns.engines import DEFAULT_ENGINE
 from patterns.moe import A2A_MODES, check_a2a
-from patterns.mxfp4 import MOE_BACKENDS
-from patterns.pattern import GPUS, MODEL_RUNNERS
+from patterns.pattern import GPUS, MODEL_RUNNERS, MOE_BACKENDS
 
 
 def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True,

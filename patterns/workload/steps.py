@@ -18,7 +18,7 @@ from patterns.layout import Layout, Workload
 from patterns.models import ModelConfig
 from patterns.ops import Op, Step
 from patterns.pattern import EngineOptions, Pattern, Run
-from patterns.stage import Stage, pad_to, stages
+from patterns.stage import Stage, stages
 from patterns.workload.requests import Request
 from patterns.workload.schedule import Schedule, StepShape
 
@@ -78,7 +78,7 @@ def build_pattern(engine: str, model: ModelConfig, layout: Layout, requests: Seq
     model.check_sequence(longest.prompt, longest.output)
     workload = shell_workload(requests, dtype or model.default_dtype)
     _check_options(ENGINE_INFO[engine], options)
-    from patterns.vllm_rules import stage_layer_counts
+    from patterns.shapes import stage_layer_counts
     st = stages(model, layout, workload, options,
                 stage_layer_counts(model.num_hidden_layers, layout.pp))[0]
 
@@ -105,12 +105,6 @@ def build_pattern(engine: str, model: ModelConfig, layout: Layout, requests: Seq
                            step_graphs=tuple(graphs), segment_steps=tuple(steps), spec=spec)
 
 
-def padded(sizes: list[int], tokens: int, uniform_decode: bool) -> StepGraph:
-    """vLLM V1's default cudagraph_mode FULL_AND_PIECEWISE (vllm-project/vllm
-    `docs/design/cuda_graphs.md` @ 74aef306, `v1/cudagraph_dispatcher.py`): uniform decode
-    batches (every request 1, or 1 + k, tokens) replay a full graph, prefill and mixed
-    batches a piecewise one, both padded to the next capture size; above the largest
-    capture size the step runs eager, unpadded."""
-    if not sizes or tokens > sizes[-1]:
-        return StepGraph(tokens, "eager")
-    return StepGraph(pad_to(sizes, tokens), "full" if uniform_decode else "piecewise")
+def logit_rows(shape: StepShape) -> int:
+    """Rows the step computes logits for: one per prefill request, 1 + k per decode."""
+    return shape.prefill_seqs + shape.decode_seqs * shape.decode_tokens

@@ -25,8 +25,8 @@ Code read: modal-projects/sglang @ 8905cbd4 (upstream main of 2026-07-20, about 
   the last stage back to the first;
 - `managers/scheduler.py: recv_requests`: `broadcast_pyobj` over the TP gloo group each
   scheduler loop (the size tensor; `--control-plane`).
-Transports: `patterns/transports.py` (custom all-reduce V2, FlashInfer fusion).
-DP attention with expert parallelism (`--dp N --ep`, a MoE model): `patterns/moe.py`
+Transports: `transports.py` here (custom all-reduce V2, FlashInfer fusion).
+DP attention with expert parallelism (`--dp N --ep`, a MoE model): `dp.py` here
 (`layers/dp_attention.py` @ 14573efd, MLPSyncBatchInfo), hooked in `_dp_attention`; `--dp`
 without `--ep` is SGLang's DP router: independent replicas.
 """
@@ -37,16 +37,21 @@ from patterns.deepep import DEEPEP_MODES
 from patterns.dp_steps import SGLANG_IDLE_STEP, RankStep, align_dp_runs, build_replicas
 from patterns.dtypes import dtype_bytes
 from patterns.engine_base import EngineInfo, register
+from patterns.engines.sglang.dp import (
+    sglang_dp_layer,
+    sglang_dp_logits,
+    sglang_mlp_sync,
+    sglang_step_tokens,
+)
+from patterns.engines.sglang.transports import sglang_allreduce, sglang_logits_allgather
 from patterns.engines.vllm.profile import PP_KEYS, pp_receive
 from patterns.errors import ConfigError
 from patterns.layout import Layout, Workload
 from patterns.models import ModelConfig, mlp_module
-from patterns.moe import sglang_dp_layer, sglang_dp_logits, sglang_mlp_sync, sglang_step_tokens
 from patterns.ops import Op, OpKind, Phase, Transport
 from patterns.pattern import EngineOptions, Pattern, Run
+from patterns.shapes import padded_vocab, prefill_chunks, stage_layer_counts
 from patterns.stage import Stage, merge, pad_to, run, stages, tp_model_calls
-from patterns.transports import sglang_allreduce, sglang_logits_allgather
-from patterns.vllm_rules import padded_vocab, prefill_chunks, stage_layer_counts
 
 INFO = EngineInfo(
     name="sglang",
@@ -175,7 +180,7 @@ def _dp_attention(model: ModelConfig, layout: Layout, workload: Workload,
     """A MoE model at dp > 1 runs DP attention (`--enable-dp-attention`, SGLang's --tp is
     dp x tp here): every DP rank's runs, the ranks stepping together with idle batches
     (`patterns.dp_steps`). Per step the MLPSyncBatchInfo all-gather; per layer (dense
-    layers too: FULL MLP mode) the DP gather and scatter of `patterns.moe.sglang_dp_layer`,
+    layers too: FULL MLP mode) the DP gather and scatter of `dp.sglang_dp_layer`,
     or DeepEP all-to-all for MoE layers with `--a2a alltoall`; the logits of
     `sglang_dp_logits`. Extend steps run eager here."""
     if layout.pp > 1:

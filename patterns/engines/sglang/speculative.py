@@ -20,10 +20,10 @@ speculation. Mixed chunks are off with speculation (SGLang refuses them together
 """
 
 from patterns.engines.sglang import profile as sglang_profile
+from patterns.engines.sglang.transports import sglang_logits_allgather
 from patterns.ops import Op
 from patterns.speculative import SpecConfig, draft_pass
 from patterns.stage import Stage, pad_to
-from patterns.transports import sglang_logits_allgather
 from patterns.workload.schedule import StepShape
 
 

@@ -26,8 +26,8 @@ from patterns.layout import Layout, Workload
 from patterns.models import ModelConfig, mlp_module
 from patterns.ops import Op, OpKind, Phase
 from patterns.pattern import EngineOptions, Pattern, Run
+from patterns.shapes import prefill_chunks
 from patterns.stage import Stage, merge, run, stages, tp_model_calls
-from patterns.vllm_rules import prefill_chunks
 
 INFO = EngineInfo(
     name="trtllm",
@@ -89,7 +89,7 @@ def _stage_runs(st: Stage, options: EngineOptions) -> list[Run]:
 @register(INFO)
 def trtllm(model: ModelConfig, layout: Layout, workload: Workload,
            options: EngineOptions) -> Pattern:
-    from patterns.vllm_rules import stage_layer_counts
+    from patterns.shapes import stage_layer_counts
 
     counts = stage_layer_counts(model.num_hidden_layers, layout.pp)
     runs = [tuple(_stage_runs(st, options))

@@ -8,10 +8,10 @@ Code read: vLLM upstream main of 2026-08-03 as modal-projects/vllm @ c8109375 (a
   _maybe_reduce_final_output`), see `moe_layer_ops`; which layers are MoE:
   `models/deepseek_v2.py:1239-1243`, `models/llama4.py:342-345`, `models/qwen3_moe.py:387-391`
   (`patterns.models._moe_layers`); mxfp4 experts (gpt-oss) all-reduce the padded hidden
-  size on some backends (`patterns/mxfp4.py`: `oracle/mxfp4.py:637-685`, `--moe-backend`);
+  size on some backends (`mxfp4.py` here: `oracle/mxfp4.py:637-685`, `--moe-backend`);
 - refusals: heads % tp (`models/llama.py`, MLA: `models/deepseek_v2.py:478`) and the KV-head
   rule of `models/llama.py:147-152` (kv % tp when kv >= tp, else tp % kv);
-- transports: `patterns/transports.py` (`cuda_communicator.py`, `all_reduce_utils.py` @
+- transports: `transports.py` here (`cuda_communicator.py`, `all_reduce_utils.py` @
   00d618aa, `compilation/passes/fusion/allreduce_rms_fusion.py` @ 0052812d); `--eager`
   (enforce_eager) turns torch.compile off (`config/vllm.py:1193-1199`), so nothing is fused;
 - logits: `layers/logits_processor.py` all-gathers on every TP rank (`use_all_gather()` is
@@ -20,9 +20,9 @@ Code read: vLLM upstream main of 2026-08-03 as modal-projects/vllm @ c8109375 (a
   included;
 - batching: `config/vllm.py:1782-1860` `_set_cudagraph_sizes` and `v1/cudagraph_dispatcher.py`:
   every step of T <= cap tokens, decode or mixed, is padded to the next capture size
-  (`patterns.vllm_rules.v1_capture_sizes`); prefill is always chunked at
+  (`patterns.engines.vllm.rules.v1_capture_sizes`); prefill is always chunked at
   max_num_batched_tokens (API-server default 8192, 2048 on A100s: `engine/arg_utils.py:
-  2529-2551`, `patterns.vllm_rules.v1_defaults`);
+  2529-2551`, `patterns.engines.vllm.rules.v1_defaults`);
 - PP: `distributed/parallel_state.py: isend_tensor_dict / irecv_tensor_dict`: hidden_states
   and residual sliced to [T*h/tp] when tp divides them, then a TP all-gather after the recv;
   layer split `distributed/utils.py: get_pp_indices`;
@@ -42,7 +42,7 @@ Code read: vLLM upstream main of 2026-08-03 as modal-projects/vllm @ c8109375 (a
   int32 on the PP group, skipped when every request is a partial prefill; under
   `--no-async-scheduling` V1 broadcasts nothing (`use_async_scheduling` guards the call).
 - MoE with data parallelism (`--dp N`, `--ep`): the rules and their sources are in
-  `patterns/moe.py` (all2all.py AgRsAll2AllManager, fused_moe/config.py, dp_utils.py), the
+  `moe.py` here (all2all.py AgRsAll2AllManager, fused_moe/config.py, dp_utils.py), the
   DP ranks' steps lined up and padded in `patterns/dp_steps.py`; hooked in `moe_layer_ops`
   and `_dp_replicas`. A dense model at dp > 1 is independent replicas. DeepSeek-V2/V3 at
   tp > 1, dp > 1 with --ep run their own sequence-parallel layers (`patterns/engines/vllm/sp.py`).
@@ -54,23 +54,19 @@ from patterns.dp_steps import RankStep, align_dp_runs, build_replicas, dp_padded
 from patterns.dtypes import dtype_bytes
 from patterns.engine_base import EngineInfo, register
 from patterns.engines.vllm.fp8_moe import defers_input_quant, fp8_moe_backend
+from patterns.engines.vllm.moe import vllm_dp_coordination, vllm_moe_layer
+from patterns.engines.vllm.mxfp4 import MXFP4_BACKENDS, moe_allreduce_width, moe_widths
+from patterns.engines.vllm.rules import v1_capture_sizes, v1_defaults
 from patterns.engines.vllm.sp import deepseek_sp, sp_final, sp_input, sp_moe_layer
+from patterns.engines.vllm.transports import vllm_allreduce
 from patterns.errors import ConfigError
 from patterns.layout import Layout, Workload
 from patterns.models import ModelConfig, mlp_module
-from patterns.moe import exchanges_tokens, vllm_dp_coordination, vllm_moe_layer
-from patterns.mxfp4 import MXFP4_BACKENDS, moe_allreduce_width, moe_widths
+from patterns.moe import exchanges_tokens
 from patterns.ops import Op, OpKind, Phase
 from patterns.pattern import EngineOptions, Pattern, Run
+from patterns.shapes import padded_vocab, prefill_chunks, stage_layer_counts
 from patterns.stage import Stage, merge, pad_to, run, stages
-from patterns.transports import vllm_allreduce
-from patterns.vllm_rules import (
-    padded_vocab,
-    prefill_chunks,
-    stage_layer_counts,
-    v1_capture_sizes,
-    v1_defaults,
-)
 
 INFO = EngineInfo(
     name="vllm",
@@ -134,13 +130,13 @@ def moe_layer_ops(st: Stage, layer: int, tokens: int, feeds_rmsnorm: bool) -> li
     `fused_moe/config.py:1331-1333` intermediate_size // tp_size; with --ep whole experts of
     the TP group) and tokens, replicated over TP, are not moved: the routed and shared
     experts' summed output is all-reduced once (`moe_runner._maybe_reduce_final_output`).
-    At dp > 1 the DP ranks exchange tokens: dispatch and combine, `patterns.moe.
+    At dp > 1 the DP ranks exchange tokens: dispatch and combine, `moe.
     vllm_moe_layer` (all2all.py AgRsAll2AllManager, or `--a2a alltoall`); the TP all-reduce
     left there (no --ep, tp > 1) goes through the same transport chain as any other.
     """
     prefix = f"layers.{layer}.{mlp_module(st.model, layer)}"
     if not exchanges_tokens(st.layout):
-        # mxfp4 experts may all-reduce the padded hidden size (patterns/mxfp4.py).
+        # mxfp4 experts may all-reduce the padded hidden size (mxfp4.py here).
         width = moe_allreduce_width(st.h, st.model.weight_format, st.options.gpu,
                                     st.options.moe_backend)
         return [_allreduce(st, tokens, prefix, feeds_rmsnorm, width)]

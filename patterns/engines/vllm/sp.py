@@ -16,7 +16,7 @@ Code read: modal-projects/vllm @ c8109375, `vllm/model_executor/models/deepseek_
   final norm after the last layer, first all-gather hidden states and residual concatenated,
   [ceil(T/tp), 2h] -> [tp*ceil(T/tp), 2h].
 Other MoE models (Qwen3-MoE, ...) chunk and all-gather inside the MoE block
-(`patterns.moe.vllm_moe_layer`), keeping the attention all-reduce.
+(`patterns.engines.vllm.moe.vllm_moe_layer`), keeping the attention all-reduce.
 """
 
 from patterns.moe import sequence_parallel_moe

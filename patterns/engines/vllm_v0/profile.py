@@ -14,14 +14,14 @@ from patterns.layout import Layout, Workload
 from patterns.models import ModelConfig, mlp_module
 from patterns.ops import Op, OpKind, Phase, Step
 from patterns.pattern import EngineOptions, Pattern, Run
-from patterns.stage import merge
-from patterns.vllm_rules import (
+from patterns.shapes import (
     MAX_GRAPH_BATCH,
     graph_batch_size,
     padded_vocab,
     prefill_chunks,
     stage_layer_counts,
 )
+from patterns.stage import merge
 
 # vLLM V0 defaults: KV-cache block size and max_seq_len_to_capture, which set the width of
 # the padded block table a graphed decode step broadcasts.

@@ -24,7 +24,7 @@ Code read: vLLM upstream main of 2026-08-03 = modal-projects/vllm @ c8109375, `v
   docs/real-engine.md shows: [888, 3072] for h = 2880.
 """
 
-from patterns.errors import ConfigError
+from patterns.pattern import MOE_BACKENDS
 
 # backend -> (hidden-size multiple, all-reduce carries the padded width)
 MXFP4_BACKENDS: dict[str, tuple[int, bool]] = {
@@ -37,18 +37,9 @@ MXFP4_BACKENDS: dict[str, tuple[int, bool]] = {
 # vLLM's choice for gpt-oss on each modelled GPU (the priority list above).
 DEFAULT_BACKEND = {"b200": "flashinfer-trtllm", "h100": "triton", "h200": "triton",
                    "a100": "marlin"}
-
-
-# --moe-backend names that run block-fp8 experts only (patterns/engines/vllm/fp8_moe.py;
-# its triton and flashinfer-cutlass are mxfp4 names too).
-FP8_ONLY_BACKENDS = ("deep-gemm",)
-MOE_BACKENDS = (*MXFP4_BACKENDS, *FP8_ONLY_BACKENDS)
-
-
-def check_moe_backend(name: str | None) -> None:
-    if name is not None and name not in MOE_BACKENDS:
-        raise ConfigError(f"moe-backend {name!r} is not a MoE backend; use one of "
-                          f"{', '.join(MOE_BACKENDS)}")
+# EngineOptions checks --moe-backend against MOE_BACKENDS (patterns/pattern.py), these and
+# the block-fp8 ones (fp8_moe.py).
+assert set(MXFP4_BACKENDS) <= set(MOE_BACKENDS)
 
 
 def moe_backend(gpu: str, chosen: str | None) -> str:

@@ -1,0 +1,67 @@
+"""SGLang's calls for each scheduled step of a request workload (`patterns/engines/sglang/
+profile.py`): extend and mixed steps padded to its prefill token ladder, decode steps to its
+decode graph sizes; the decode graph all-gathers the logits of every padded row."""
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from patterns.engines.sglang import profile as sglang_profile
+from patterns.engines.sglang.scheduler import schedule_sglang
+from patterns.engines.sglang.speculative import decode_step_ops, extend_drafter_ops
+from patterns.errors import ConfigError
+from patterns.layout import Layout
+from patterns.models import ModelConfig
+from patterns.ops import Op
+from patterns.pattern import EngineOptions
+from patterns.speculative import SpecConfig
+from patterns.stage import Stage, pad_to
+from patterns.workload.requests import Request
+from patterns.workload.schedule import StepShape
+from patterns.workload.steps import StepGraph, WorkloadPattern, build_pattern, logit_rows
+
+SGLANG_SPEC_MAX_RUNNING = 48
+
+
+def sglang_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request],
+                    dtype: str | None, options: EngineOptions, step_time_s: float | None,
+                    spec: SpecConfig | None, source: str, mixed: bool) -> WorkloadPattern:
+    if spec is not None and mixed:
+        raise ConfigError("--mixed-chunk with --speculative-config: SGLang runs them apart "
+                          "(speculative decoding turns mixed chunks off); drop --mixed-chunk")
+    budget = options.max_batched_tokens or sglang_profile.chunked_prefill_size(options.gpu)
+    # --max-running-requests: SGLang sets 48 under speculative decoding when none is given
+    # (arg_groups/speculative_hook.py:254-258 @ 8905cbd4).
+    max_running = options.max_num_seqs or (SGLANG_SPEC_MAX_RUNNING if spec else None)
+    schedule = schedule_sglang(requests, step_time_s, budget, mixed, max_running,
+                               spec.k if spec else 0, spec.acceptance_length if spec else 1.0,
+                               overlap=not options.disable_overlap_schedule)
+    prefill_sizes = [] if options.eager else sglang_profile.prefill_graph_sizes(
+        min(budget, 2048) if model.mla else budget)
+    decode_sizes = [] if options.eager else sglang_profile.decode_graph_sizes(layout.tp,
+                                                                              options.gpu)
+
+    def step_ops(st: Stage, shape: StepShape) -> tuple[StepGraph, list[Op]]:
+        rows = logit_rows(shape)
+        ctrl = sglang_profile._control(st)
+        if shape.prefill_seqs:
+            graph = (StepGraph(pad_to(prefill_sizes, shape.tokens), "piecewise")
+                     if prefill_sizes and shape.tokens <= prefill_sizes[-1]
+                     else StepGraph(shape.tokens, "eager"))
+            drafts = (extend_drafter_ops(st, spec, shape, graph.tokens) if spec is not None
+                      else [])
+            return graph, ctrl + sglang_profile.forward(st, graph.tokens, rows) + drafts
+        if spec is not None:  # draft forwards, the target's verify, the draft extend
+            tokens, ops = decode_step_ops(st, spec, shape, decode_sizes)
+            mode = "full" if decode_sizes and shape.decode_seqs <= decode_sizes[-1] else "eager"
+            return StepGraph(tokens, mode), ctrl + ops
+        if decode_sizes and shape.tokens <= decode_sizes[-1]:
+            graph = StepGraph(pad_to(decode_sizes, shape.tokens), "full")
+            # Under the graph the logits cover every padded row.
+            return graph, ctrl + sglang_profile.forward(st, graph.tokens, rows, graph.tokens)
+        return StepGraph(shape.tokens, "eager"), ctrl + sglang_profile.forward(
+            st, shape.tokens, rows)
+
+    # max_num_seqs is SGLang's --max-running-requests here (the scheduler reads it).
+    return build_pattern("sglang", model, layout, requests, dtype,
+                         replace(options, max_num_seqs=None), schedule, step_ops, source,
+                         spec.method if spec else "")

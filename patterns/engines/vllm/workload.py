@@ -1,0 +1,72 @@
+"""vLLM V1's calls for each scheduled step of a request workload (`profile.py` here,
+its sources there): a step of T tokens over R scheduled requests issues `forward(T_pad, rows)`
+with T_pad the capture size T pads to (`rules.v1_capture_sizes`, `config/vllm.py:
+_set_cudagraph_sizes`); the logits are all-gathered for every scheduled request, partial
+prefills included, and for 1 + k positions of each request under speculative decoding (the
+verify rows)."""
+
+from collections.abc import Sequence
+from dataclasses import replace
+from functools import cache
+
+from patterns.engines.vllm import profile as vllm_profile
+from patterns.engines.vllm.rules import v1_capture_sizes, v1_defaults
+from patterns.engines.vllm.scheduler import schedule_vllm
+from patterns.engines.vllm.speculative import drafter_ops, spec_capture_sizes
+from patterns.layout import Layout
+from patterns.models import ModelConfig
+from patterns.ops import Op
+from patterns.pattern import EngineOptions
+from patterns.speculative import SpecConfig
+from patterns.stage import Stage, pad_to
+from patterns.workload.requests import Request
+from patterns.workload.schedule import StepShape
+from patterns.workload.steps import StepGraph, WorkloadPattern, build_pattern, logit_rows
+
+
+def vllm_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request],
+                  dtype: str | None, options: EngineOptions, step_time_s: float | None,
+                  spec: SpecConfig | None, source: str) -> WorkloadPattern:
+    default_seqs, default_budget = v1_defaults(options.gpu)
+    max_seqs = options.max_num_seqs or default_seqs
+    budget = options.max_batched_tokens or default_budget
+    k = spec.k if spec else 0
+    sizes = [] if options.eager else (spec_capture_sizes(max_seqs, budget, k) if spec
+                                      else v1_capture_sizes(max_seqs, budget))
+    runner = options.model_runner or vllm_profile.default_model_runner(model)
+    options = replace(options, model_runner=runner)
+    vllm_profile._check_kv_heads(model, layout.tp)
+    schedule = schedule_vllm(requests, step_time_s, max_seqs, budget, k,
+                             spec.acceptance_length if spec else 1.0,
+                             vllm_profile.async_scheduling(options,
+                                                           spec.method if spec else ""))
+
+    @cache
+    def model_ops(st: Stage, tokens: int) -> tuple[Op, ...]:
+        """The calls a step of T tokens makes, its logits one row (set per step below):
+        built once per T, since every other call follows T alone."""
+        return tuple(vllm_profile.forward(st, tokens, 1))
+
+    def step_ops(st: Stage, shape: StepShape) -> tuple[StepGraph, list[Op]]:
+        graph = padded(sizes, shape.tokens, uniform_decode=shape.prefill_seqs == 0)
+        ops = list(model_ops(st, graph.tokens))
+        if ops and ops[-1].tag == "logits":  # R rows: every scheduled request's (verify) rows
+            rows, shard = logit_rows(shape), ops[-1].shape[1]
+            ops[-1] = replace(ops[-1], shape=(rows, shard), out_shape=(rows, shard * st.tp))
+        if spec is not None:
+            ops += drafter_ops(st, spec, shape, graph.tokens, sizes)
+        return graph, ops
+
+    return build_pattern("vllm", model, layout, requests, dtype, options, schedule, step_ops,
+                         source, spec.method if spec else "")
+
+
+def padded(sizes: list[int], tokens: int, uniform_decode: bool) -> StepGraph:
+    """vLLM V1's default cudagraph_mode FULL_AND_PIECEWISE (vllm-project/vllm
+    `docs/design/cuda_graphs.md` @ 74aef306, `v1/cudagraph_dispatcher.py`): uniform decode
+    batches (every request 1, or 1 + k, tokens) replay a full graph, prefill and mixed
+    batches a piecewise one, both padded to the next capture size; above the largest
+    capture size the step runs eager, unpadded."""
+    if not sizes or tokens > sizes[-1]:
+        return StepGraph(tokens, "eager")
+    return StepGraph(pad_to(sizes, tokens), "full" if uniform_decode else "piecewise")
