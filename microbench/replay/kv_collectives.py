@@ -1,6 +1,6 @@
 """`replay --disagg ... --with-collectives`: each side's collectives beside the KV transfer.
 
-The job's ranks are the prefill side's TP ranks, then the decode side's (kvtransfer/replay.py).
+The job's ranks are the prefill side's TP ranks, then the decode side's (replay/kv_transfer.py).
 Each side's pattern is bound to its ranks through `SideBackend`, which shows the side's own
 rank numbers to the replay's plan builder and shifts them into the job's when it makes a
 group. Every rank of the job creates both sides' groups, prefill side first, in one order, as

@@ -130,7 +130,7 @@ def buffer_bytes(pattern: Pattern, rank: int) -> int:
 def build_plan(pattern: Pattern, backend: Backend,
                groups: dict[str, Group] | None = None) -> Plan:
     """`groups`: this rank's groups when made beforehand (a job of two sides makes both
-    sides' groups on every rank, kvtransfer/collectives.py); else made here."""
+    sides' groups on every rank, replay/kv_collectives.py); else made here."""
     mine = make_groups(pattern, backend) if groups is None else groups
     stage = pattern.layout.stage_of(backend.rank)
     buffers: dict[tuple[str, int, str], Any] = {}

@@ -50,7 +50,7 @@ SCHEMAS = {
          "time_run_us": "float"}),
 }
 
-# A disaggregated replay's iterations.csv (kvtransfer/replay.py): one request's KV transfer,
+# A disaggregated replay's iterations.csv (replay/kv_transfer.py): one request's KV transfer,
 # the slowest rank's time, per timed iteration.
 KV_ITERATIONS = Schema({"iteration": "int", "kv_transfer_us": "float"},
                        {"prefill_comm_us": "float", "ttft_comm_us": "float",
