@@ -334,8 +334,11 @@ class _MpiExchange:
 
     def __init__(self, env: DistEnv) -> None:
         from mpi4py import MPI
+
+        from microbench.ranks import shm
         self.comm = MPI.COMM_WORLD
         self.rank = self.comm.Get_rank()
+        shm.note_segments(self.rank)  # MPICH's /dev/shm segment: the launcher removes it
         if self.comm.Get_size() != env.world_size:
             raise UsageError(f"the launcher started {env.world_size} ranks but MPI sees a "
                              f"world of {self.comm.Get_size()}; launch with the MPI library's "
