@@ -25,3 +25,12 @@ def number_text(value: object) -> str:
     if isinstance(value, float):
         return f"{value:g}"
     return shown(repr(value)) if not isinstance(value, int) else str(value)
+
+
+def printable(text: str) -> str:
+    """`text` with every control character but the line break escaped (ESC as \\x1b): what a
+    command prints of names read from a trace, so that a trace cannot drive the terminal."""
+    if text.isprintable():
+        return text
+    return "\n".join("".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
+                     for line in text.split("\n"))

@@ -68,6 +68,14 @@ def test_check_counts_a_corrupted_byte(tmp_path):
                   "--kv-transport", "rma", env={"INFERCOMM_FAULT": "corrupt:0:kv"})
     assert proc.returncode == 1
     assert last_json(proc.stdout)["wrong"] == 1  # the one byte prefill rank 0 changed
+    # issue 34, fault 13: it read "rank 1 (pid P on HOST) ended with exit status 1".
+    assert "--check found wrong data (rank 1: 1 wrong element)" in proc.stderr, proc.stderr
+    assert "exit status" not in proc.stderr
+    # ... and `plot` of the run exited 0 with no file and no word.
+    run = last_json(proc.stdout)["results_dir"]
+    plot, _ = infercomm("plot", run, "-o", str(tmp_path / "figures"))
+    assert plot.returncode == 2 and "no figure to draw from these runs (kvtransfer)" in \
+        plot.stderr and not (tmp_path / "figures").exists(), plot.stderr
 
 
 @needs_nixl

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from microbench.argtypes import OneLineParser, UsageError
 from patterns import ConfigError
+from patterns.errors import shown
 
 # Each module defines `add_parser(subparsers)` and `run(args) -> int`. Only the module of the
 # command being run is imported: the others would pull in numpy and every backend, and
@@ -90,7 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.run(args))
     except (ConfigError, UsageError) as err:
-        sys.stderr.write(f"infercomm {args.command}: error: {err}\n")
+        # one line, whatever text of a file or an argument the message quotes
+        sys.stderr.write(f"infercomm {args.command}: error: {shown(str(err), 4000)}\n")
         return 2
     except BrokenPipeError:  # `infercomm pattern ... | head` is fine
         return 0

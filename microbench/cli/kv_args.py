@@ -36,8 +36,27 @@ def add_disagg_arguments(group: argparse._ArgumentGroup) -> None:
                             "sglang 1)")
 
 
+def refuse_workload_with_disagg(args: argparse.Namespace) -> None:
+    """--disagg prices one request's KV transfer (--prompt, --decode): a request workload or
+    speculative decoding is not modelled with it, and is said so rather than read as a
+    missing prompt length."""
+    given = [flag for flag in ("--requests", "--step-time-ms", "--speculative-config",
+                               "--acceptance-length", "--acceptance-rate", "--mixed-chunk")
+             if getattr(args, flag[2:].replace("-", "_"), None)]
+    if given:
+        raise UsageError(f"--disagg models one request's KV-cache transfer (--prompt, "
+                         f"--decode); {', '.join(given)} {'is' if len(given) == 1 else 'are'} not "
+                         f"modelled with it: drop "
+                         f"{'it' if len(given) == 1 else 'them'}, or drop --disagg")
+    missing = [f"--{n}" for n in ("prompt", "decode") if getattr(args, n, None) is None]
+    if missing:
+        raise UsageError(f"--disagg needs {' and '.join(missing)}: the request whose KV cache "
+                         "moves")
+
+
 def disagg_from_args(args: argparse.Namespace) -> DisaggPattern:
     """The disaggregated deployment the options describe; ConfigError on bad input."""
+    refuse_workload_with_disagg(args)
     model = resolve_model(args.model)
     if getattr(args, "name", None):
         model = dataclasses.replace(model, name=args.name)

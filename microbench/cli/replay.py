@@ -76,6 +76,8 @@ def pattern_or_trace(args: argparse.Namespace) -> Pattern:
     named = [flag for flag, value in (("--model", args.model), ("--prompt", args.prompt),
                                       ("--decode", args.decode)) if value is not None]
     laid_out = [flag for flag, value in (("--tp", args.tp), ("--pp", args.pp)) if value != 1]
+    laid_out += [flag for flag in ("--requests", "--speculative-config", "--step-time-ms")
+                 if getattr(args, flag[2:].replace("-", "_"), None) is not None]
     if args.trace:
         if named or laid_out:
             raise UsageError("--trace replays the trace's own calls on its own layout; drop "

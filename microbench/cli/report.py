@@ -36,8 +36,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "one HTML file with its figures embedded (no network needed to view it).",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(report)
-    report.add_argument("-o", "--output", default="report.html",
-                        help="the HTML file to write (default report.html)")
+    report.add_argument("-o", "--output", default=None,
+                        help="the HTML file to write (default report.html, never replaced "
+                             "unless named with -o)")
     report.set_defaults(run=run_report)
     plot = subparsers.add_parser(
         "plot", help="the report's figures as PNG files",
@@ -61,10 +62,18 @@ def _inputs(args: argparse.Namespace) -> tuple[list[RunFolder], RunFolder | None
     return runs, sweep
 
 
+DEFAULT_REPORT = "report.html"
+
+
 def run_report(args: argparse.Namespace) -> int:
     from microbench.analysis.report import build, render_html
 
     runs, sweep = _inputs(args)
+    if args.output is None:  # the default name is not overwritten behind the user's back
+        if Path(DEFAULT_REPORT).exists():
+            raise UsageError(f"./{DEFAULT_REPORT} exists; pass -o FILE for a new page (or "
+                             f"-o {DEFAULT_REPORT} to replace it)")
+        args.output = DEFAULT_REPORT
     out = Path(args.output)
     if out.is_dir():
         raise UsageError(f"-o {args.output} is a folder; name the HTML file to write")
@@ -85,11 +94,15 @@ def run_plot(args: argparse.Namespace) -> int:
 
     runs, sweep = _inputs(args)
     folder = Path(args.output)
+    entries, tables = build(runs, sweep, args.threshold)
+    if not entries:  # e.g. KV-transfer runs: their transfers are the report's tables
+        kinds = ", ".join(sorted({r.kind for r in runs}))
+        raise UsageError(f"no figure to draw from these runs ({kinds}); `infercomm report "
+                         f"{' '.join(args.runs)} -o report.html` shows their tables")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise UsageError(f"-o {args.output}: cannot create the folder ({err.strerror})") from None
-    entries, tables = build(runs, sweep, args.threshold)
     files = []
     for e in entries:
         path = folder / f"{e.name}.png"

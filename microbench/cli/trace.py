@@ -6,6 +6,7 @@ import io
 import json
 
 from microbench.views.textfmt import format_bytes, render_table
+from patterns.errors import printable
 from patterns.traces import read_traces
 from patterns.traces.summary import ROW_KEYS, steps_found, trace_document
 
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
                      "their sizes): " + ", ".join(f"{kind} x{count:,}" for kind, count
                                                   in sorted(trace.ep_kernels.items())))
     lines += trace.notes
-    print("\n".join(lines))
+    print(printable("\n".join(lines)))  # host names and event names are the trace's text
     # the last line for tools, short: the whole document is --format json
     total = sum(int(r["bytes"]) for r in doc["rows"])  # type: ignore[union-attr]
     print(json.dumps({"ranks": doc["ranks"], "calls": doc["calls"],

@@ -280,7 +280,9 @@ def _signal_group(p: subprocess.Popen, sig: int) -> None:
 
 def check_failed_message(wrong: dict[int, int]) -> str:
     where = ", ".join(f"rank {r}: {n:,}" for r, n in wrong.items() if n)
-    return (f"infercomm: error: --check found wrong data ({where} wrong elements): every call "
+    total = sum(wrong.values())
+    what = "wrong element" if total == 1 else "wrong elements"
+    return (f"infercomm: error: --check found wrong data ({where} {what}): every call "
             f"completed but delivered wrong values; the results are kept\n")
 
 

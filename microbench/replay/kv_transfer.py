@@ -145,6 +145,9 @@ def run_rank_transfer(d: DisaggPattern, env: Any, args: argparse.Namespace) -> i
             backend.barrier()  # a WRITE is complete at its target once its initiator is
             wrong = (int(np.count_nonzero(buffer != expected_decode(role, role.nbytes)))
                      if role.side == "decode" else 0)
+            if wrong:  # the launcher says "--check found wrong data", not a rank's crash
+                from microbench.ranks import notes
+                notes.note_wrong(env.rank, wrong)
         watchdog.where = "collecting results"
         gathered = backend.allgather_object(
             (backend.rank, role.side, socket.gethostname(), samples, wrong, sides))
@@ -167,15 +170,19 @@ def run_rank_transfer(d: DisaggPattern, env: Any, args: argparse.Namespace) -> i
 def run_disagg(args: argparse.Namespace) -> int:
     """Bad input refused here, before any process or file; then the ranks, started here
     (--nproc, or no launcher) or by mpiexec/srun/torchrun."""
-    from microbench.cli.kv_args import disagg_from_args, refuse_layout_options
+    from microbench.cli.kv_args import (
+        disagg_from_args,
+        refuse_layout_options,
+        refuse_workload_with_disagg,
+    )
     from microbench.ranks import dist, launch
     from microbench.replay.run_args import check_out_dir, check_out_for_rank, strip_nproc
 
     if args.trace:
         raise UsageError("--trace replays a trace's own calls; drop --disagg or --trace")
-    missing = [f"--{n}" for n in ("model", "prompt", "decode") if getattr(args, n) is None]
-    if missing:
-        raise UsageError(f"--disagg needs {', '.join(missing)}")
+    if args.model is None:
+        raise UsageError("--disagg needs --model")
+    refuse_workload_with_disagg(args)
     refuse_layout_options(args)
     if args.device == "cuda" or args.graph is not None or args.mpi_staging:
         raise UsageError("the KV transfer replay moves host memory (NIXL DRAM, MPI host "

@@ -53,7 +53,8 @@ def replay_table(summary: dict[str, Any], title: str) -> str:
                                    op_rows, right_align={"calls/inference",
                                                          "time/inference (slowest rank)"})]
     checked = ("not checked (add --check)" if s["wrong"] is None
-               else f"{s['wrong']} wrong elements" + (" (CHECK FAILED)" if s["wrong"] else ""))
+               else f"{s['wrong']} wrong element{'' if s['wrong'] == 1 else 's'}"
+               + (" (CHECK FAILED)" if s["wrong"] else ""))
     lines += ["", f"calls per inference (busiest rank): {s['calls_per_inference']:,}; "
                   f"data: {checked}",
               f"results: {s['results_dir']}"]

@@ -5,7 +5,7 @@ from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 
-from patterns.errors import ConfigError
+from patterns.errors import ConfigError, printable
 
 # Bytes per element of every dtype a trace may name (a superset of patterns.dtypes: NCCL's
 # ncclDataType_t, src/nccl.h.in of v2.30.7-1 lines 382-394, and torch's scalar types).
@@ -61,6 +61,11 @@ class RankCalls:
     name: str  # where it came from: host:pid:cudaDev, or the Kineto file's host and rank
     ids: array = field(default_factory=lambda: array("I"))
     step_starts: list[int] | None = None  # index of each step's first call, where visible
+
+    def __post_init__(self) -> None:
+        # The name is the trace's own text (a host name): escaped, it prints as it reads
+        # wherever it goes (trace, validate, a replay's title) and never drives a terminal.
+        self.name = printable(self.name)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from patterns.errors import ConfigError
+from patterns.errors import ConfigError, shown
 from patterns.traces.calls import Call, RankCalls, Trace
 
 _PREFIX = r"([^\s:]+):(\d+):\d+ \[(\d+)\] NCCL INFO "  # host, pid, (tid), cudaDev
@@ -200,8 +200,9 @@ class LogReader:
             return None
         m = _LINE.match(line, at + 11 + (len(tag[0]) - 11 if tag else 0))
         if m is None and line.startswith(" count -", k):
-            raise ConfigError(f"a call line with a negative count ({line[k + 7:].split()[0]}): "
-                              "NCCL prints an unsigned element count; pass an unmodified log")
+            count = shown(line[k + 7:].split()[0], 30)
+            raise ConfigError(f"a call line with a negative count ({count}): NCCL prints "
+                              "an unsigned element count; pass an unmodified log")
         call = _call(*m.groups()[:6]) if m else None
         if m is None or call is None:
             trace.unparsed += 1

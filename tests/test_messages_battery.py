@@ -1,0 +1,72 @@
+"""Messages issue 34's battery found wrong (fault 11's terminal escapes, fault 13): text a
+trace carries is printed escaped, options that do not go together are named for what they
+are, and `report` without -o does not replace ./report.html."""
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LOG = ROOT / "tests" / "fixtures" / "traces" / "nccl_interleaved_tp2.log"
+SAMPLES = ROOT / "results" / "examples" / "samples"
+REPLAY = next(SAMPLES.glob("*-replay-llama-3.2-1b-tp2-mpi"))
+# An OSC sequence (set the terminal's title) and a colour change inside the host name.
+HOSTILE = "node\x1b]0;pwned\x07\x1b[31ma"
+
+
+@pytest.fixture
+def hostile_log(tmp_path):
+    path = tmp_path / "hostile.log"
+    path.write_text(LOG.read_text().replace("node-a", HOSTILE))
+    return path
+
+
+def test_a_traces_host_names_are_printed_escaped(cli, hostile_log):
+    # fault 11: `trace` printed "rank 0 (node<ESC>]0;pwned<BEL>...": the trace drove the
+    # terminal. Escaped, the name reads as written.
+    status, out, err = cli("trace", str(hostile_log))
+    assert status == 0, err
+    assert "\x1b" not in out and "\x07" not in out
+    assert "rank 0 (node\\x1b]0;pwned\\x07\\x1b[31ma:501:0)" in out
+    status, out, err = cli("validate", "--trace", str(hostile_log), "--model", "llama-3.1-8b",
+                           "--tp", "2", "--prompt", "8", "--decode", "2")
+    assert "\x1b" not in out + err
+
+
+def test_an_error_line_never_carries_control_characters(cli):
+    # fault 11: a refusal quoting its input printed it raw (here, a poisson key).
+    status, out, err = cli("pattern", "--model", "llama-3.1-8b", "--requests",
+                           "poisson:rate=1,count=2,prompt=5,output=3,\x1b[2J=1")
+    assert status == 2 and "\x1b" not in err and "unknown \\x1b[2J" in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_replay_trace_does_not_ignore_requests(cli):
+    # fault 13: --requests was dropped silently and the trace replayed.
+    status, _, err = cli("replay", "--trace", str(LOG), "--requests",
+                         str(ROOT / "examples" / "workloads" / "small.jsonl"))
+    assert status == 2 and "--trace replays the trace's own calls on its own layout; drop " \
+        "--requests" in err, err
+
+
+@pytest.mark.parametrize("command", ["pattern", "replay"])
+def test_disagg_with_requests_says_so(cli, command, tmp_path):
+    # fault 13: "prompt length None must be a positive integer" (pattern), "--disagg needs
+    # --prompt, --decode" (replay) to a command that gave --requests.
+    status, _, err = cli(command, "--model", "llama-3.2-1b", "--disagg", "1P1D", "--requests",
+                         str(ROOT / "examples" / "workloads" / "small.jsonl"), "--out",
+                         str(tmp_path / "o")) if command == "replay" else cli(
+        command, "--model", "llama-3.2-1b", "--disagg", "1P1D", "--requests",
+        str(ROOT / "examples" / "workloads" / "small.jsonl"))
+    assert status == 2 and "None" not in err, err
+    assert "--disagg models one request's KV-cache transfer (--prompt, --decode); --requests " \
+        "is not modelled with it" in err, err
+
+
+def test_report_without_o_does_not_replace_report_html(cli, tmp_path, monkeypatch):
+    # newcomer: `report RUN` wrote ./report.html over whatever was there.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "report.html").write_text("mine")
+    status, _, err = cli("report", str(REPLAY))
+    assert status == 2 and "./report.html exists; pass -o FILE" in err, err
+    assert (tmp_path / "report.html").read_text() == "mine"
