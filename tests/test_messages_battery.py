@@ -37,7 +37,7 @@ def test_an_error_line_never_carries_control_characters(cli):
     # fault 11: a refusal quoting its input printed it raw (here, a poisson key).
     status, out, err = cli("pattern", "--model", "llama-3.1-8b", "--requests",
                            "poisson:rate=1,count=2,prompt=5,output=3,\x1b[2J=1")
-    assert status == 2 and "\x1b" not in err and "unknown \\x1b[2J" in err, err
+    assert status == 2 and out == "" and "\x1b" not in err and "unknown \\x1b[2J" in err, err
     assert len(err.strip().splitlines()) == 1
 
 
