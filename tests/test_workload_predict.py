@@ -39,8 +39,10 @@ def test_predict_prices_each_request(tmp_path):
 
 
 def test_plan_over_a_workload(tmp_path):
-    # The same workload and fits on 2 GPUs: TP2 is priced as above; PP2 and DP2 are left out
-    # (a workload is one replica at pp 1). Plan ranks by the p90 over requests:
+    # The same workload and fits on 2 GPUs: TP2 is priced as above (one lane of every
+    # request: analysis/workload_plan.py); DP2 is priced too, and PP2 refused: its hops
+    # carry activations and the sweep has neither sendrecv nor stream to price them
+    # (tests/test_plan_workload.py prices one). Plan ranks by the p90 over requests:
     # TTFT p90 261.437 us; TPOT sorted 120.496, 129.541, 134.064 -> rank 1.8:
     # 129.5413 + 0.8 x (134.064 - 129.5413) = 133.159 us; end to end all steps 678.512 us.
     sweep = fake_sweep(tmp_path / "sweep", {"allreduce": (10.0, 0.001),
@@ -53,9 +55,10 @@ def test_plan_over_a_workload(tmp_path):
                         "--max-num-seqs", "4", "--format", "json")
     assert proc.returncode == 0, proc.stderr
     doc = last_json(proc.stdout)
-    [best] = doc["layouts"]
-    assert (best["tp"], best["pp"], best["dp"]) == (2, 1, 1)
+    best = next(r for r in doc["layouts"] if (r["tp"], r["pp"], r["dp"]) == (2, 1, 1))
     assert best["prefill_us"] == pytest.approx(261.437, abs=1e-3)
     assert best["decode_step_us"] == pytest.approx(133.159, abs=1e-3)
     assert best["e2e_us"] == pytest.approx(678.512, abs=1e-3)
-    assert len(doc["refused"]) == 2 and all("pp 1" in r for r in doc["refused"])
+    assert len(doc["layouts"]) == 2
+    [refused] = doc["refused"]
+    assert refused.startswith("tp=1 pp=2 dp=1: not priced: the sweep has no sendrecv")

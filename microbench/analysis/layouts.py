@@ -31,6 +31,7 @@ from typing import Any
 from microbench.analysis.fits import Topology
 from microbench.analysis.hardware import MemoryNeed, activation_bytes
 from microbench.analysis.predict import predict_pattern
+from microbench.analysis.workload_plan import is_lanes, lanes_volume, price_lanes
 from microbench.argtypes import UsageError
 from patterns import ConfigError, Layout, ModelConfig, Pattern, volume_bytes
 from patterns.volume import as_number
@@ -168,6 +169,8 @@ def price(pattern: Pattern, shape: Shape, topology: Topology, budget: Budget,
           hardware: Hardware = Hardware()) -> Priced:
     """One layout's communication (predict, in the engine's order), memory and compute."""
     topology.reset()
+    if is_lanes(pattern):  # --requests over DP replicas and PP
+        return _price_lanes(pattern, shape, topology, budget, hardware)
     predicted, notes = predict_pattern(pattern, topology, token_order=True)
     if shape.dp > 1 and not shape.ep:
         notes = [*notes, "dp > 1 of a dense model is independent replicas: "
@@ -183,6 +186,26 @@ def price(pattern: Pattern, shape: Shape, topology: Topology, budget: Budget,
                     "inter" in topology.used, tuple(notes), need.weights, need.kv_cache,
                     need.activations, hardware.memory_limit is None
                     or need.total <= hardware.memory_limit, *floors)
+    totals = priced.totals()
+    return replace(priced, meets_budget=budget.met(totals["ttft"], totals["tpot"]))
+
+
+def _price_lanes(lanes: Any, shape: Shape, topology: Topology, budget: Budget,
+                 hardware: Hardware) -> Priced:
+    comm, floors, kv = price_lanes(lanes, topology, hardware.gpu)
+    model, layout = lanes.model, lanes.layout
+    dtype = lanes.workload.dtype or model.default_dtype
+    weights, cache = gpu_memory_bytes(model, layout, dtype, kv)
+    need = MemoryNeed(weights, cache, activation_bytes(model, layout.tp, dtype,
+                                                       hardware.step_tokens))
+    notes = [*sorted(topology.notes),
+             f"--requests over dp x pp = {layout.dp * layout.pp} lanes: requests routed "
+             f"{lanes.routing} to the DP replicas, each replica's dealt to the pp batches it "
+             "keeps in flight; prefill and decode step are p90s over every request"]
+    priced = Priced(shape, *comm, lanes_volume(lanes), False, "inter" in topology.used,
+                    tuple(notes), need.weights, need.kv_cache, need.activations,
+                    hardware.memory_limit is None or need.total <= hardware.memory_limit,
+                    *floors)
     totals = priced.totals()
     return replace(priced, meets_budget=budget.met(totals["ttft"], totals["tpot"]))
 

@@ -110,17 +110,21 @@ def pattern_from_args(args: argparse.Namespace) -> Pattern:
         model = dataclasses.replace(model, name=args.name)
     layout = Layout(tp=args.tp, pp=args.pp, dp=args.dp, ep=args.ep)
     check_a2a(args.a2a)
-    options = EngineOptions(eager=args.eager, max_batched_tokens=args.max_batched_tokens,
-                            control_plane=args.control_plane, gpu=args.gpu,
-                            nccl_only=args.nccl_only, model_runner=args.model_runner,
-                            max_num_seqs=args.max_num_seqs, sp=args.sp, a2a=args.a2a,
-                            moe_backend=args.moe_backend,
-                            async_scheduling=getattr(args, "async_scheduling", None),
-                            disable_overlap_schedule=getattr(args, "disable_overlap_schedule",
-                                                             False))
+    options = options_from_args(args)
     if wl.wants_workload(args):
         return wl.workload_from_args(args, options)
     workload = Workload(prompt=args.prompt, decode=args.decode, batch=args.batch,
                         dtype=args.dtype, dp_batches=args.dp_batches)
     return generate(args.engine, model, layout, workload, options)
 
+
+def options_from_args(args: argparse.Namespace) -> EngineOptions:
+    """The engine options of the pattern options (their engine checks them)."""
+    return EngineOptions(eager=args.eager, max_batched_tokens=args.max_batched_tokens,
+                         control_plane=args.control_plane, gpu=args.gpu,
+                         nccl_only=args.nccl_only, model_runner=args.model_runner,
+                         max_num_seqs=args.max_num_seqs, sp=args.sp, a2a=args.a2a,
+                         moe_backend=args.moe_backend,
+                         async_scheduling=getattr(args, "async_scheduling", None),
+                         disable_overlap_schedule=getattr(args, "disable_overlap_schedule",
+                                                          False))

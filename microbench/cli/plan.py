@@ -69,6 +69,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F",
                        help="the share of --gpu-memory the engine may use (vLLM's "
                             "--gpu-memory-utilization, default 0.9)")
+    group.add_argument("--dp-routing", choices=("round-robin", "least-loaded"),
+                       default="round-robin",
+                       help="with --requests: how requests reach the DP replicas: "
+                            "round-robin (default; vLLM's DP load balancer under even load) "
+                            "or least-loaded (the replica with the fewest unfinished)")
     group.add_argument("--format", choices=("table", "json", "csv"), default="table",
                        help="table (default), json (one document) or csv")
     from microbench.analysis.kv_plan import add_plan_arguments
@@ -105,6 +110,28 @@ def check_nodes(gpus: int, per_node: int) -> None:
         raise UsageError(f"--gpus {gpus} is not a whole number of nodes of --gpus-per-node "
                          f"{per_node} (its last node would hold {gpus % per_node}); give a "
                          f"multiple of {per_node}, e.g. --gpus {gpus - gpus % per_node}")
+
+
+def workload_lanes(args: argparse.Namespace, model: Any, engine_gpu: str) -> Any:
+    """With --requests: a maker of each layout's lanes (analysis/workload_plan.py), the
+    requests read once; None otherwise."""
+    if not getattr(args, "requests", None) or args.speculative_config:
+        return None
+    from microbench.analysis.workload_plan import lanes_of
+    from microbench.cli.pattern_args import options_from_args
+    from patterns.engines.workloads import workload_pattern
+    from patterns.workload.requests import read_requests
+    requests = list(read_requests(args.requests))
+    options = options_from_args(argparse.Namespace(**{**vars(args), "gpu": engine_gpu}))
+    step_time_s = None if args.step_time_ms is None else args.step_time_ms / 1e3
+
+    def make(layout: Any) -> Any:
+        def lane(own: list[Any]) -> Any:
+            return workload_pattern(args.engine, model, type(layout)(tp=layout.tp), own,
+                                    args.dtype, options, step_time_s, None, args.requests,
+                                    args.mixed_chunk)
+        return lanes_of(lane, model, layout, requests, args.dp_routing, step_time_s)
+    return make
 
 
 def document(args: argparse.Namespace, priced: list[Any], refused: list[str],
@@ -161,7 +188,11 @@ def run(args: argparse.Namespace) -> int:
     # that does not read it (vllm-v0, trtllm, megatron) gets the default, as it would ignore it
     engine_gpu = args.gpu if "gpu" in ENGINE_INFO[args.engine].options else "h100"
 
+    lanes = workload_lanes(args, model, engine_gpu)
+
     def make_pattern(layout: Any) -> Any:
+        if lanes is not None:  # --requests over DP replicas and PP (analysis/workload_plan)
+            return lanes(layout)
         return pattern_from_args(argparse.Namespace(**{**vars(args), **COLOCATED,
                                                        "gpu": engine_gpu},
                                                     tp=layout.tp, pp=layout.pp,

@@ -1,0 +1,193 @@
+"""`plan --requests` over DP replicas and pipeline stages: the workload's requests routed to
+the replicas, each replica's split over the batches it keeps in flight, and each such lane
+scheduled and priced as one engine replica at pp 1 (analysis/workload.py), with what its
+stages add to every step.
+
+- Routing (`--dp-routing`): round-robin, request i to replica i mod dp, what vLLM's DP load
+  balancer does under even load; or least-loaded, each request to the replica with the
+  fewest requests still unfinished at its arrival (a request taken to finish its output
+  steps after it arrives, at --step-time-ms a step; ties to the lowest replica), the
+  balancer's aim under uneven load. Dense models only: a MoE model's DP ranks step
+  together (DP attention), which this does not model.
+- Pipeline: vLLM keeps pp batches in flight (V1's batch queue of pp, V0's pp virtual
+  engines), so a replica's requests are dealt round-robin to pp lanes, each its own stream
+  of steps; a lane's step walks every stage: its TP calls (those of the pp 1 step: every
+  layer's calls, the stages' summed), pp - 1 hops, each the hidden state and the residual
+  ([T, hidden] twice) sent to the next stage (a stream gap for the first, then the second's
+  latency, fits of the hop's two ranks, across nodes where they lie on two), and under vLLM
+  the sampled tokens broadcast to every stage (an int64 [S, 1] and an int32 [S + 1, 1]
+  over the pp group, as patterns/engines/vllm's pp_broadcasts issue them).
+- Figures: per request, as at pp 1, over every lane's requests together (p90 of TTFT's and
+  of TPOT's figure); end to end, the longest lane's steps (lanes run at once); memory, a
+  replica's lanes' peaks of KV tokens added (each stage holds its layers of every batch in
+  flight).
+"""
+
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from microbench.analysis.fits import Topology, fit_for, stand_in_note
+from microbench.analysis.predict import Costs
+from microbench.sweep.busbw import SweepOp
+from patterns import ConfigError, Layout, ModelConfig, Pattern
+from patterns.dtypes import DTYPE_BYTES
+from patterns.groups import rank_of
+from patterns.workload.metrics import request_figures, summary
+from patterns.workload.requests import Request
+
+ROUTINGS = ("round-robin", "least-loaded")
+
+
+@dataclass(frozen=True)
+class Lanes:
+    """A workload over a layout: one pp 1, dp 1 workload pattern per lane (replica r's
+    lanes are r x pp .. r x pp + pp - 1) and the layout they make together."""
+
+    layout: Layout
+    model: ModelConfig
+    lanes: tuple[Any, ...]  # WorkloadPattern per lane (patterns/workload/steps.py)
+    routing: str
+
+    @property
+    def workload(self) -> Any:
+        return self.lanes[0].workload
+
+
+def route(requests: list[Request], dp: int, routing: str,
+          step_time_s: float | None) -> list[list[int]]:
+    """Request indices per replica (module doc), in arrival order."""
+    out: list[list[int]] = [[] for _ in range(dp)]
+    if routing == "round-robin" or dp == 1:
+        for i in range(len(requests)):
+            out[i % dp].append(i)
+        return out
+    step = step_time_s or 0.0
+    ends: list[list[float]] = [[] for _ in range(dp)]  # heaps of unfinished requests' ends
+    for i in sorted(range(len(requests)), key=lambda i: requests[i].arrival_s):
+        r = requests[i]
+        for heap in ends:
+            while heap and heap[0] <= r.arrival_s:
+                heapq.heappop(heap)
+        chosen = min(range(dp), key=lambda d: (len(ends[d]), d))
+        heapq.heappush(ends[chosen], r.arrival_s + r.output * step)
+        out[chosen].append(i)
+    return out
+
+
+def lanes_of(make_lane: Any, model: ModelConfig, layout: Layout, requests: list[Request],
+             routing: str, step_time_s: float | None) -> Lanes:
+    """`make_lane(requests)`: the workload pattern of one lane at tp, pp 1, dp 1."""
+    if model.is_moe and (layout.dp > 1 or layout.ep):
+        raise ConfigError("--requests over DP replicas of a MoE model (DP attention, whose "
+                          "ranks step together) is not modelled; plan prices its dp 1 "
+                          "layouts")
+    lanes = []
+    for replica in route(requests, layout.dp, routing, step_time_s):
+        for k in range(layout.pp):
+            own = [requests[i] for i in replica[k::layout.pp]]
+            if not own:
+                raise ConfigError(f"{len(requests)} requests leave a batch of dp({layout.dp})"
+                                  f" x pp({layout.pp}) empty: fewer replicas or stages")
+            lanes.append(make_lane(own))
+    return Lanes(layout, model, tuple(lanes), routing)
+
+
+def _stage_extra_us(lanes: Lanes, topology: Topology, tokens: int, samples: int) -> float:
+    """What pp > 1 adds to one step of T tokens sampling S (module doc)."""
+    layout = lanes.layout
+    if layout.pp == 1:
+        return 0.0
+    dtype = lanes.workload.dtype or lanes.model.default_dtype
+    size = tokens * lanes.model.hidden_size * DTYPE_BYTES[dtype]
+    total = 0.0
+    for s in range(layout.pp - 1):
+        fits = topology.fits_of([[rank_of(layout, 0, s, t), rank_of(layout, 0, s + 1, t)]
+                                 for t in range(layout.tp)])
+        stand_in_note(fits, SweepOp.SENDRECV, 2, topology.notes)
+        latency = fit_for(fits, SweepOp.SENDRECV, 2).time_us(size) / 2
+        has_stream = any(k[0] == SweepOp.STREAM.value for k in fits)
+        gap = fit_for(fits, SweepOp.STREAM, 2).time_us(size) if has_stream else latency
+        total += gap + latency
+    if lanes.lanes[0].engine == "vllm" and samples:
+        fits = topology.fits_of([[rank_of(layout, 0, s, t) for s in range(layout.pp)]
+                                 for t in range(layout.tp)])
+        stand_in_note(fits, SweepOp.BROADCAST, layout.pp, topology.notes)
+        fit = fit_for(fits, SweepOp.BROADCAST, layout.pp)
+        total += fit.time_us(8 * samples) + fit.time_us(4 * (samples + 1))
+    return total
+
+
+def price_lanes(lanes: Lanes, topology: Topology, gpu: str,
+                ) -> tuple[tuple[float, float, float], tuple[float, float, float], int]:
+    """((TTFT p90, TPOT p90, end to end) of communication, the same of the compute floors,
+    KV tokens of the fullest replica)."""
+    from microbench.analysis.compute import step_floor_us
+    from microbench.analysis.workload import kv_tokens
+    model, layout = lanes.model, lanes.layout
+    dtype = lanes.workload.dtype or model.default_dtype
+    comm_figs, floor_figs, comm_ends, floor_ends = [], [], [0.0], [0.0]
+    extra: dict[tuple[int, int], float] = {}
+    floors: dict[Any, float] = {}
+    costs = Costs(lanes.lanes[0], topology)  # every lane has the layout tp, pp 1, dp 1
+    step_comm: dict[int, float] = {}  # by the ops tuple a step shape shares (steps.py)
+    for lane in lanes.lanes:
+        schedule = lane.schedule
+        requests = lane.requests
+        context = sum(r.prompt + r.output / 2 for r in requests) / len(requests)
+        comm, floor = [], []
+        for seg, step in zip(schedule.segments, lane.segment_steps, strict=True):
+            shape = seg.shape
+            key = (step.tokens, shape.samples)
+            if key not in extra:
+                extra[key] = _stage_extra_us(lanes, topology, *key)
+            own = step_comm.get(id(step.ops))
+            if own is None:
+                own = step_comm[id(step.ops)] = sum(costs.of(0, 0, op).busy_us
+                                                    for op in step.ops)
+            comm.append(own + extra[key])
+            fkey = (shape, round(context))
+            if fkey not in floors:
+                chunk = shape.prefill_tokens / shape.prefill_seqs if shape.prefill_seqs else 0
+                floors[fkey] = step_floor_us(model, layout, dtype, gpu, shape.prefill_tokens,
+                                             shape.prefill_tokens * chunk / 2,
+                                             shape.decode_seqs * shape.decode_tokens, context)
+            floor.append(floors[fkey])
+        comm_figs += request_figures(schedule, lambda i, c=comm: c[i])
+        floor_figs += request_figures(schedule, lambda i, f=floor: f[i])
+        comm_ends.append(sum(t * s.repeat for t, s in zip(comm, schedule.segments,
+                                                          strict=True)))
+        floor_ends.append(sum(t * s.repeat for t, s in zip(floor, schedule.segments,
+                                                           strict=True)))
+    c, f = summary(comm_figs), summary(floor_figs)
+    pp = layout.pp
+    peak = max(sum(kv_tokens(lane) for lane in lanes.lanes[r * pp:(r + 1) * pp])
+               for r in range(layout.dp))
+    return ((c["ttft"]["p90"] or 0.0, c["tpot"]["p90"] or 0.0, max(comm_ends)),
+            (f["ttft"]["p90"] or 0.0, f["tpot"]["p90"] or 0.0, max(floor_ends)), peak)
+
+
+def lanes_volume(lanes: Lanes) -> int:
+    """Every lane's calls once, the hops' bytes (tp ranks each send both tensors) and
+    vLLM's broadcasts of the sampled tokens (counted once, as a broadcast is)."""
+    from patterns.volume import op_volume
+    layout = lanes.layout
+    dtype = lanes.workload.dtype or lanes.model.default_dtype
+    hop = 2 * lanes.model.hidden_size * DTYPE_BYTES[dtype] * layout.tp * (layout.pp - 1)
+    per_step: dict[int, float] = {}
+    total = 0.0
+    broadcasts = layout.pp > 1 and lanes.lanes[0].engine == "vllm"
+    for lane in lanes.lanes:
+        for step, seg in zip(lane.segment_steps, lane.schedule.segments, strict=True):
+            own = per_step.get(id(step.ops))
+            if own is None:
+                own = per_step[id(step.ops)] = float(sum(op_volume(op) for op in step.ops))
+            sampled = (8 * seg.shape.samples + 4 * (seg.shape.samples + 1)
+                       if broadcasts and seg.shape.samples else 0)
+            total += (own + hop * step.tokens + sampled) * seg.repeat
+    return math.ceil(total)
+
+
+def is_lanes(pattern: Pattern | Lanes) -> bool:
+    return isinstance(pattern, Lanes)
