@@ -218,11 +218,11 @@ def test_ucx_errors_on_mpiexecs_stdout_go_to_stderr(capfd):
     # UCS_LOG_METADATA_FMT "%-4s %-5s" with "UCX" and the level name).
     import io
 
-    from microbench.ranks.launch import _MpiBanner
+    from microbench.ranks.mpi_output import MpiBanner
     ucx = (b"[1763942400.123456] [vm:4242 :0]     ucp_worker.c:1863 UCX  ERROR "
            b"uct_iface_open(posix/memory) failed: Shared memory error\n")
     stream = io.BytesIO(b"replay table\n" + ucx + b'{"backend":"mpi"}\n')
-    _MpiBanner().forward(stream)
+    MpiBanner().forward(stream)
     out, err = capfd.readouterr()
     assert out.splitlines() == ["replay table", '{"backend":"mpi"}']
     assert err == ucx.decode()
