@@ -4,6 +4,8 @@ import argparse
 import sys
 from typing import NoReturn
 
+from patterns.errors import shown
+
 
 class UsageError(Exception):
     """Bad command-line input found after parsing; printed as one line, exit status 2."""
@@ -17,21 +19,29 @@ class OneLineParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def positive_int(text: str) -> int:
+MAX_DIGITS = 18  # no count, size or layout of ours has more; a message never prints more
+
+
+def _integer(text: str) -> int:
+    digits = text.strip().lstrip("+-")
+    if digits.isdigit() and len(digits) > MAX_DIGITS:
+        raise argparse.ArgumentTypeError(f"an integer of {len(digits):,} digits is beyond any "
+                                         f"count here (at most {MAX_DIGITS} digits)")
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        raise argparse.ArgumentTypeError(f"{shown(text, 40)!r} is not an integer") from None
+
+
+def positive_int(text: str) -> int:
+    value = _integer(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} must be a positive integer")
     return value
 
 
 def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    value = _integer(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} must be zero or more")
     return value
@@ -40,9 +50,10 @@ def non_negative_int(text: str) -> int:
 def positive_int_list(text: str) -> tuple[int, ...]:
     """A comma-separated list of positive integers: 3,5,2,8."""
     parts = [p.strip() for p in text.split(",")]
-    if not all(p.isdigit() and int(p) > 0 for p in parts):
+    if not all(p.isdigit() and len(p) <= MAX_DIGITS and int(p) > 0 for p in parts):
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a comma-separated list of positive integers, e.g. 3,5,2,8")
+            f"{shown(text, 40)!r} is not a comma-separated list of positive integers, e.g. "
+            "3,5,2,8")
     return tuple(int(p) for p in parts)
 
 
@@ -50,9 +61,9 @@ def positive_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        raise argparse.ArgumentTypeError(f"{shown(text, 40)!r} is not a number") from None
     if not value > 0 or value == float("inf"):  # also refuses nan
-        raise argparse.ArgumentTypeError(f"{text} must be a positive number")
+        raise argparse.ArgumentTypeError(f"{shown(text, 40)} must be a positive number")
     return value
 
 

@@ -70,3 +70,12 @@ def test_report_without_o_does_not_replace_report_html(cli, tmp_path, monkeypatc
     status, _, err = cli("report", str(REPLAY))
     assert status == 2 and "./report.html exists; pass -o FILE" in err, err
     assert (tmp_path / "report.html").read_text() == "mine"
+
+
+@pytest.mark.parametrize("option", ["--prompt", "--tp", "--batch"])
+def test_a_number_of_hundreds_of_digits_is_not_printed_back(cli, option):
+    # fault 13: "prompt(99999...) + decode(2)" printed all 300 digits back.
+    argv = {"--prompt": "8", "--decode": "2", option: "9" * 300}
+    status, _, err = cli("pattern", "--model", "llama-3.1-8b",
+                         *[w for kv in argv.items() for w in kv])
+    assert status == 2 and "9" * 19 not in err and "an integer of 300 digits" in err, err
