@@ -137,22 +137,23 @@ def test_mtp_needs_mtp_layers():
                          [Request(0, 8, 4)], None, EngineOptions(), None, s)
 
 
-# SGLang (sgl-project/sglang @ 00559eac speculative/eagle_worker.py,
+# SGLang (modal-projects/sglang @ 8905cbd4 speculative/eagle_worker_v2.py:1122-1215,
 # forward_batch_generation), k = 3 as --speculative-num-steps 3 --speculative-eagle-topk 1
-# --speculative-num-draft-tokens 4. A decode step of one request (decode graph size 1):
-# draft_forward runs k - 1 = 2 draft forwards of 1 token ("We don't need to run the last
-# forward"), each 3 all-reduces [1, 4096] (8,192 B) + logits [1, V/tp]; verify: the target
-# over 1 x 4 = 4 tokens, 65 all-reduces [4, 4096] (32,768 B) + logits [4, V/tp];
-# forward_draft_extend_after_decode: the draft over 4 tokens, 3 all-reduces [4, 4096] +
-# logits of the last token [1, V/tp]. All-reduces: 6 x 8,192 + 68 x 32,768 = 2,277,376 B;
-# calls 2 x 4 + 66 + 4 = 78.
+# --speculative-num-draft-tokens 4. A decode step of one request (graph size 1 in the
+# speculative list): draft_forward runs k - 1 = 2 draft forwards of 1 token ("We don't need
+# to run the last forward"), each 3 all-reduces [1, 4096] (8,192 B) + logits [1, V/tp];
+# verify: the target over 1 x 4 = 4 tokens, 65 all-reduces [4, 4096] (32,768 B) + logits
+# [4, V/tp]; _draft_extend_for_decode (869-960): the draft over 4 tokens, 3 all-reduces
+# [4, 4096] + logits of all 4 tokens [4, V/tp] (num_tokens_for_logprob_per_req = 4).
+# All-reduces: 6 x 8,192 + 68 x 32,768 = 2,277,376 B; calls 2 x 4 + 66 + 4 = 78.
 
 
 @pytest.mark.parametrize("tp, shard, step_bytes", [
-    # TP4: logits 3 x (1 x 32064 x 2) = 192,384 + 4 x 32064 x 2 = 256,512 -> 2,726,272 B.
-    (4, 32064, 2_726_272),
-    # TP8: 3 x 32,064 + 128,256 -> 2,277,376 + 96,192 + 128,256 = 2,501,824 B.
-    (8, 16032, 2_501_824),
+    # TP4: logits 2 x (1 x 32064 x 2) = 128,256 + 2 x (4 x 32064 x 2) = 513,024
+    # -> 2,277,376 + 641,280 = 2,918,656 B.
+    (4, 32064, 2_918_656),
+    # TP8: 2 x 32,064 + 2 x 128,256 = 320,640 -> 2,598,016 B.
+    (8, 16032, 2_598_016),
 ])
 def test_sglang_llama_eagle_k3(tp, shard, step_bytes):
     s = parse_spec(EAGLE3, 2.5, None)
@@ -165,7 +166,7 @@ def test_sglang_llama_eagle_k3(tp, shard, step_bytes):
     assert decode.repeat == 5 and tuple(p.schedule.spans[0].decode) == (1, 5)
     assert [(o.tag, o.shape) for o in step.ops if o.tag.endswith("logits")] == [
         ("draft.0.logits", (1, shard)), ("draft.1.logits", (1, shard)),
-        ("logits", (4, shard)), ("draft_extend_after_decode.logits", (1, shard))]
+        ("logits", (4, shard)), ("draft_extend_after_decode.logits", (4, shard))]
     assert len(step.ops) == 78
     assert sum(o.bytes for o in step.ops) == step_bytes
     # Llama is not in SGLang's fusion list: custom all-reduce; bf16 logits of <= 128 rows
@@ -179,8 +180,8 @@ def test_sglang_llama_eagle_k3(tp, shard, step_bytes):
 def test_sglang_deepseek_v3_mtp_k1_tp4():
     # k = 1: no draft forward before the verify; verify over 2 tokens: 123 all-reduces
     # [2, 7168] + logits [2, 32320]; draft extend after decode over 2 tokens: 3 all-reduces
-    # + logits [1, 32320]. Bytes: 126 x 28,672 + 129,280 + 64,640 = 3,806,592 B, the same
-    # sum as vLLM's cell above (there the drafter's one pass follows the verify as well).
+    # + logits of both [2, 32320]. Bytes: 126 x 28,672 + 129,280 + 129,280 = 3,871,232 B
+    # (vLLM's drafter, 3,806,592 B above, gathers the last token's logits only).
     s = parse_spec(MTP1, 1.8, None)
     p = workload_pattern("sglang", resolve_model("deepseek-v3"), Layout(tp=4),
                          [Request(0, 16, 9)], None, EngineOptions(), None, s)
@@ -191,7 +192,7 @@ def test_sglang_deepseek_v3_mtp_k1_tp4():
                             [Request(0, 16, 9)], None,
                             EngineOptions(disable_overlap_schedule=True), None, s)
     assert sync.schedule.segments[1].repeat == 5 and sync.segment_steps[1] == step
-    assert len(step.ops) == 128 and sum(o.bytes for o in step.ops) == 3_806_592
+    assert len(step.ops) == 128 and sum(o.bytes for o in step.ops) == 3_871_232
     assert step.ops[-1].tag == "draft_extend_after_decode.logits"
 
 
@@ -268,3 +269,23 @@ def test_decodes_beyond_the_budget_refused_when_they_happen():
         workload_pattern("vllm", resolve_model("llama-3.1-8b"), Layout(tp=2),
                          [Request(0, 2, 5)] * 3, None,
                          EngineOptions(max_batched_tokens=8, max_num_seqs=4), None, s)
+
+
+@pytest.mark.parametrize("batch, padded", [
+    # SGLang's speculative decode graph list (server_args.py:4179-4206 @ 8905cbd4): 1-8,
+    # 10-32 by 2, ...: 3 requests stay 3 (the plain list would pad to 4), 9 pad to 10 (not
+    # 12). Verify tokens: 3 x 4 = 12, 10 x 4 = 40; the draft extend after it gathers the
+    # logits of all of them: [12 | 40, V/tp].
+    (3, 3), (9, 10),
+])
+def test_sglang_speculative_graph_list(batch, padded):
+    s = parse_spec(EAGLE3, 2.5, None)
+    p = workload_pattern("sglang", resolve_model("llama-3.1-8b"), Layout(tp=2),
+                         [Request(0, 16, 9)] * batch, None, EngineOptions(), None, s)
+    decode = p.schedule.segments[1]
+    assert decode.shape.decode_seqs == batch
+    step, graph = p.segment_steps[1], p.step_graphs[1]
+    assert (graph.tokens, graph.graph) == (padded * 4, "full")
+    logits = {o.tag: o.shape[0] for o in step.ops if o.tag.endswith("logits")}
+    assert logits == {"draft.0.logits": padded, "draft.1.logits": padded,
+                      "logits": padded * 4, "draft_extend_after_decode.logits": padded * 4}

@@ -121,3 +121,32 @@ def test_max_running_requests_admission(overlap, want, b_waited):
                          opts, None)
     assert steps_of(p) == want
     assert p.schedule.spans[2].waited_steps == b_waited
+
+
+def test_decode_graphs_capped_by_max_running_requests():
+    # get_batch_sizes_to_capture (runner/base_cuda_graph_runner.py:58-101 @ 8905cbd4) keeps
+    # the sizes up to the request pool, max_running_requests, and adds it: at 20 the plain
+    # list [1, 2, 4, 8, 12, 16, 24, ...] becomes [1, 2, 4, 8, 12, 16, 20]. 18 requests of
+    # 4 prompt tokens, output 2: one extend of 72 tokens (bucket 80), then one decode of 18
+    # padded to 20 (24 without the cap), then (overlap) their ride of 18 more.
+    from patterns.engines.sglang.profile import decode_graph_sizes
+    assert decode_graph_sizes(2, "h100", max_running=20) == [1, 2, 4, 8, 12, 16, 20]
+    reqs = [Request(0, 4, 2)] * 18
+    for cap, padded in ((20, 20), (None, 24)):
+        opts = EngineOptions(max_batched_tokens=64 * 4, max_num_seqs=cap)
+        p = workload_pattern("sglang", resolve_model("llama-3.1-8b"), Layout(tp=2), reqs,
+                             None, opts, None)
+        assert [(g.tokens, g.graph) for g in p.step_graphs][:2] == [(80, "piecewise"),
+                                                                    (padded, "full")]
+
+
+@pytest.mark.parametrize("prompt, graph", [
+    # prefill_cuda_graph_runner.py:118, 700-707 @ 8905cbd4: the bucket may be at most twice
+    # the tokens. 1 token -> bucket 4 > 2: eager; 2 -> 4: graph; 3 -> 4: graph; 33 -> 48 <= 66.
+    (1, (1, "eager")), (2, (4, "piecewise")), (3, (4, "piecewise")), (33, (48, "piecewise")),
+])
+def test_prefill_bucket_over_twice_the_tokens_runs_eager(prompt, graph):
+    p = workload_pattern("sglang", resolve_model("llama-3.1-8b"), Layout(tp=2),
+                         [Request(0, prompt, 1)], None, OPTS, None)
+    first = p.step_graphs[0]
+    assert (first.tokens, first.graph) == graph

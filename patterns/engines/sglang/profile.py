@@ -74,12 +74,29 @@ def chunked_prefill_size(gpu: str) -> int:
     return 16384 if gpu == "b200" else 8192
 
 
-def decode_graph_sizes(tp: int, gpu: str) -> list[int]:
-    """`server_args.py:4179-4206`, with the default max_bs of `server_args.py:3922-3948`."""
+def decode_graph_sizes(tp: int, gpu: str, speculative: bool = False,
+                       max_running: int | None = None) -> list[int]:
+    """The decode CUDA-graph batch sizes (@ 8905cbd4): `server_args.py:4179-4206`
+    `_generate_decode_cuda_graph_batch_sizes`, the plain list or, with speculative decoding,
+    its own ("less padding for smaller batch sizes": 1-8, 10-32 by 2, 40-64 by 4, 72-256 by
+    8, then by 16), up to the default max_bs of `server_args.py:3922-3948`; then
+    `runner/base_cuda_graph_runner.py:58-101` `get_batch_sizes_to_capture` keeps those up to
+    the request pool's size, max_running_requests, adding it when it is below the largest.
+    The verify and draft graphs of the EAGLE worker take the same list
+    (`speculative/eagle_worker_v2.py:374-400`)."""
     top = 512 if gpu == "b200" or tp >= 4 else 256
-    sizes = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, top + 1, 32)]
+    if speculative:
+        sizes = [*range(1, 9), *range(10, 33, 2), *range(40, 65, 4), *range(72, 257, 8),
+                 *range(272, top + 1, 16)]
+    else:
+        sizes = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16),
+                 *range(512, top + 1, 32)]
     sizes = [s for s in sizes if s <= top]
-    return sizes if sizes[-1] == top else [*sizes, top]
+    if sizes[-1] != top:
+        sizes.append(top)
+    if max_running is not None and max_running < top:
+        sizes = sorted({s for s in sizes if s <= max_running} | {max_running})
+    return sizes
 
 
 def prefill_graph_sizes(max_tokens: int) -> list[int]:
@@ -87,6 +104,17 @@ def prefill_graph_sizes(max_tokens: int) -> list[int]:
     sizes = [*range(4, 33, 4), *range(48, 257, 16), *range(288, 513, 32),
              *range(576, 1025, 64), *range(1280, 4097, 256), *range(4608, max_tokens + 1, 512)]
     return [s for s in sizes if s <= max_tokens]
+
+
+def prefill_graph_tokens(sizes: list[int], tokens: int) -> int | None:
+    """The token bucket an extend batch replays its prefill graph at, or None when it runs
+    eager: above the largest, or when the bucket is more than twice the tokens
+    (`runner/prefill_cuda_graph_runner.py:118, 700-707` @ 8905cbd4,
+    _MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR = 2: a 1-token extend, bucket 4, runs eager)."""
+    if not sizes or tokens > sizes[-1]:
+        return None
+    bucket = pad_to(sizes, tokens)
+    return bucket if bucket <= 2 * tokens else None
 
 
 # Fusion architectures whose decoder layers do not pass is_last_layer to LayerCommunicator
@@ -163,7 +191,7 @@ def _stage_runs(st: Stage, options: EngineOptions) -> list[Run]:
         min(budget, 2048) if st.model.mla else budget)
     runs = []
     for chunk in prefill_chunks(w.batch, w.prompt, budget):
-        tokens = pad_to(prefill_sizes, chunk.tokens)
+        tokens = prefill_graph_tokens(prefill_sizes, chunk.tokens) or chunk.tokens
         runs.append(run(Phase.PREFILL, _control(st) + forward(st, tokens, chunk.seqs), tokens,
                         chunk.seqs))
     if w.decode_steps:

@@ -2,21 +2,25 @@
 
 `--speculative-config` keeps vLLM's spelling; for SGLang k = num_speculative_tokens is
 `--speculative-num-steps k --speculative-eagle-topk 1 --speculative-num-draft-tokens k+1`
-(a chain of k drafts, the common low-latency setting). sgl-project/sglang @ 00559eac,
-`python/sglang/srt/speculative/eagle_worker.py`, `forward_batch_generation`:
-- an extend (prefill) batch: the target's extend (`forward_target_extend`, full hidden
-  states kept), then `forward_draft_extend`: the draft model over the same tokens, its
-  logits for the last token of each request (CaptureHiddenMode.LAST);
-- a decode batch: `draft()` -> `draft_forward`, k - 1 draft forwards of B x topk tokens
-  ("We don't need to run the last forward. we get 1 token from draft prefill and (#spec
-  steps - 1) tokens here"), each with its logits; `verify()`: the target over
-  num_tokens_per_req = k + 1 tokens a request (ForwardMode.TARGET_VERIFY), logits for each;
-  then `forward_draft_extend_after_decode`: the draft model over k + 1 tokens a request
-  (num_tokens_per_req = speculative_num_steps + 1), logits of the last (LAST).
-Under the decode CUDA graphs the batch is padded to the decode graph sizes
-(`patterns.engines.sglang.decode_graph_sizes`; SGLang may lower the largest with
-speculation: not modelled) and every padded row's logits are gathered, as without
-speculation. Mixed chunks are off with speculation (SGLang refuses them together).
+(a chain of k drafts, the common low-latency setting). The worker that runs is the V2 one:
+at modal-projects/sglang @ 8905cbd4 `python/sglang/srt/speculative/` holds
+`eagle_worker_v2.py` and no `eagle_worker.py`. `forward_batch_generation`
+(`eagle_worker_v2.py:1122-1215`):
+- an extend (prefill) batch: the target's extend (full hidden states kept), then
+  `_draft_extend_for_prefill` (742-855): the draft model over the same tokens, its logits
+  for the last token of each request (num_tokens_per_req 1, CaptureHiddenMode.LAST);
+- a decode batch: `draft()` (500-560) -> `draft_forward` (563-660), k - 1 draft forwards of
+  B x topk tokens ("We don't need to run the last forward. we get 1 token from draft
+  prefill and (#spec steps - 1) tokens here"), each with its logits; `verify()`: the target
+  over k + 1 tokens a request (TARGET_VERIFY), logits for each; then
+  `_draft_extend_for_decode` (869-960): the draft model over num_draft_tokens = k + 1 tokens
+  a request, its logits for every one of them (num_tokens_for_logprob_per_req = k + 1; the
+  last accepted is picked after), B x (k + 1) rows.
+Under the decode CUDA graphs the batch is padded to SGLang's speculative decode graph list
+(`patterns.engines.sglang.profile.decode_graph_sizes(speculative=True)`, capped by
+max_running_requests, 48 by default with speculation) and every padded row's logits are
+gathered, as without speculation. Mixed chunks are off with speculation (SGLang refuses
+them together).
 """
 
 from patterns.engines.sglang import profile as sglang_profile
@@ -56,5 +60,5 @@ def decode_step_ops(st: Stage, spec: SpecConfig, shape: StepShape,
     # The verify's logits: every token of every (padded) request.
     ops += sglang_profile.forward(st, verify, batch * per, verify if graphed else None)
     if st.tp > 1 and spec.method != "ngram":
-        ops += _pass(st, spec, verify, rows, "draft_extend_after_decode")
+        ops += _pass(st, spec, verify, verify, "draft_extend_after_decode")
     return verify, ops

@@ -37,15 +37,15 @@ def sglang_workload(model: ModelConfig, layout: Layout, requests: Sequence[Reque
                                overlap=not options.disable_overlap_schedule)
     prefill_sizes = [] if options.eager else sglang_profile.prefill_graph_sizes(
         min(budget, 2048) if model.mla else budget)
-    decode_sizes = [] if options.eager else sglang_profile.decode_graph_sizes(layout.tp,
-                                                                              options.gpu)
+    decode_sizes = [] if options.eager else sglang_profile.decode_graph_sizes(
+        layout.tp, options.gpu, spec is not None, max_running)
 
     def step_ops(st: Stage, shape: StepShape) -> tuple[StepGraph, list[Op]]:
         rows = logit_rows(shape)
         ctrl = sglang_profile._control(st)
         if shape.prefill_seqs:
-            graph = (StepGraph(pad_to(prefill_sizes, shape.tokens), "piecewise")
-                     if prefill_sizes and shape.tokens <= prefill_sizes[-1]
+            bucket = sglang_profile.prefill_graph_tokens(prefill_sizes, shape.tokens)
+            graph = (StepGraph(bucket, "piecewise") if bucket is not None
                      else StepGraph(shape.tokens, "eager"))
             drafts = (extend_drafter_ops(st, spec, shape, graph.tokens) if spec is not None
                       else [])
