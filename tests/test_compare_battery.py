@@ -81,7 +81,7 @@ def test_runs_of_different_workloads_are_refused(cli, tmp_path, a_extra, b_extra
 
 def test_runs_whose_calls_differ_are_refused(cli, tmp_path):
     # Another request file under the same options issues other calls: the recorded calls per
-    # inference differ (1,234 is not the 1,089 of the six runs).
+    # inference differ (1,234 is not the 544 of the six runs).
     a = rewritten(RUNS[0], tmp_path / "a")
     b = rewritten(RUNS[1], tmp_path / "b", pattern_calls_per_inference=1234)
     recorded = json.loads((a / "meta.json").read_text())["pattern"]["calls_per_inference"]
