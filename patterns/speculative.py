@@ -14,6 +14,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
+from pathlib import Path
 
 from patterns.errors import ConfigError, shown
 from patterns.models import ModelConfig
@@ -80,7 +81,40 @@ def parse_spec(text: str, acceptance_length: float | None,
                               or not isinstance(vocab, int) or not 1 <= vocab <= 10_000_000):
         raise ConfigError("draft_vocab_size is an eagle3 head's own vocabulary: a positive "
                           "integer with method eagle3")
+    if method == "eagle3" and vocab is None:
+        vocab = _draft_vocab(obj.get("model"))
     return SpecConfig(method, k, _acceptance(k, acceptance_length, acceptance_rate), vocab)
+
+
+MAX_DRAFT_CONFIG_BYTES = 1 << 20
+
+
+def _draft_vocab(model: object) -> int:
+    """An EAGLE-3 head's vocabulary, from its config: vLLM's `Eagle3LlamaForCausalLM`
+    (`model_executor/models/llama_eagle3.py:276-302` @ c8109375) sizes its lm_head by the
+    draft config's draft_vocab_size, else that config's vocab_size. Never the target's:
+    without the head's config (a local path in "model") or draft_vocab_size, refused."""
+    want = ('give "draft_vocab_size" (the head\'s config.json says it) or "model": the local '
+            "path of the head's config.json")
+    if not isinstance(model, str) or not model:
+        raise ConfigError(f"method eagle3: the draft head has its own vocabulary; {want}")
+    path = Path(model)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"method eagle3: model {shown(repr(model), 60)} is not a local "
+                          f"config.json here; {want}")
+    if path.stat().st_size > MAX_DRAFT_CONFIG_BYTES:
+        raise ConfigError(f"method eagle3: {path} is over 1 MiB, not a model config; {want}")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError):
+        raise ConfigError(f"method eagle3: {path} is not a JSON config; {want}") from None
+    vocab = (config.get("draft_vocab_size") or config.get("vocab_size")
+             if isinstance(config, dict) else None)
+    if isinstance(vocab, bool) or not isinstance(vocab, int) or not 1 <= vocab <= 10_000_000:
+        raise ConfigError(f"method eagle3: {path} has no draft_vocab_size or vocab_size; {want}")
+    return vocab
 
 
 def _acceptance(k: int, length: float | None, rates: str | None) -> float:

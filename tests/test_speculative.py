@@ -14,6 +14,7 @@ sizes rounded up to multiples of 1 + k: k=1 -> 2, 4, 8, ...; k=3 -> 4, 8, 16, ..
 One request, prompt 16, output 9 (8 tokens after the prefill's). SGLang's cells at the end.
 """
 
+import json
 import math
 
 import pytest
@@ -289,3 +290,27 @@ def test_sglang_speculative_graph_list(batch, padded):
     logits = {o.tag: o.shape[0] for o in step.ops if o.tag.endswith("logits")}
     assert logits == {"draft.0.logits": padded, "draft.1.logits": padded,
                       "logits": padded * 4, "draft_extend_after_decode.logits": padded * 4}
+
+
+def test_eagle3_draft_vocabulary_from_its_config_or_given(tmp_path):
+    # vLLM sizes an EAGLE-3 head's lm_head by its own config's draft_vocab_size, else that
+    # config's vocab_size (models/llama_eagle3.py:276-302 @ c8109375), never the target's.
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "config.json").write_text('{"vocab_size": 128256, "draft_vocab_size": 32000}')
+    from_config = parse_spec(json.dumps({"method": "eagle3", "num_speculative_tokens": 2,
+                                         "model": str(head)}), 2.0, None)
+    given = parse_spec('{"method": "eagle3", "num_speculative_tokens": 2, '
+                       '"draft_vocab_size": 32000}', 2.0, None)
+    assert from_config.draft_vocab == given.draft_vocab == 32000
+    # The drafter's logits at TP2: [rows, 32000 / 2 = 16000] (a multiple of 64 already).
+    p = workload_pattern("vllm", resolve_model("llama-3.1-8b"), Layout(tp=2),
+                         [Request(0, 16, 4)], None, EngineOptions(), None, from_config)
+    drafts = [o.shape for o in p.segment_steps[1].ops if o.tag.startswith("draft.")
+              and o.tag.endswith("logits")]
+    assert drafts and all(shape[1] == 16000 for shape in drafts)
+    with pytest.raises(ConfigError, match="own vocabulary; give \"draft_vocab_size\""):
+        parse_spec('{"method": "eagle3", "num_speculative_tokens": 2}', 2.0, None)
+    with pytest.raises(ConfigError, match=r"is not a local config\.json"):
+        parse_spec('{"method": "eagle3", "num_speculative_tokens": 2, '
+                   '"model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}', 2.0, None)
