@@ -4,4 +4,20 @@ torch, mpi4py and cupy are imported lazily, inside the modules that need them, s
 machine without one of them can still use the others.
 """
 
+import os
+
 __version__ = "0.1.0"
+
+
+def _gpu_standin_hook() -> None:
+    """The one test hook of the product: with INFERCOMM_GPU_STANDIN=1 (set by the test suite,
+    `make test-gpu-standin`), the test suite's stand-in CUDA, CuPy and NCCL (tests/
+    gpu_standin.py, in a source checkout only) replace the real libraries in this process
+    before any of them is imported, so every rank a test launches runs on them too."""
+    if os.environ.get("INFERCOMM_GPU_STANDIN", "") in ("", "0"):
+        return
+    import importlib
+    importlib.import_module("tests.gpu_standin").install()
+
+
+_gpu_standin_hook()

@@ -1,20 +1,47 @@
-"""Shared helpers: run the CLI in-process and read its last JSON line."""
+"""Shared helpers: run the CLI in-process and read its last JSON line; the GPU tests' device:
+a real one, or the stand-ins (INFERCOMM_GPU_STANDIN=1, tests/gpu_standin.py)."""
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
-from microbench.cli import main
+from tests import gpu_standin
+
+if gpu_standin.enabled():  # every rank a test launches imports `tests` from this checkout
+    _ROOT = str(Path(__file__).resolve().parent.parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [_ROOT, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]])
+    gpu_standin.install()
+
+from microbench.cli import main  # noqa: E402
+
+
+class RankExited(Exception):
+    """A rank run in-process ended itself (ranks/teardown.exit_now): on a device that would
+    be os._exit, which here would end pytest with no report."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"the rank ended itself with status {status}")
+        self.status = status
 
 
 @pytest.fixture
-def cli(capsys):
+def cli(capsys, monkeypatch):
     """Run `infercomm ARGS...` in-process; return (exit status, stdout, stderr)."""
+    def exit_now(status: int):
+        raise RankExited(status)
+
+    monkeypatch.setattr("microbench.ranks.teardown.exit_now", exit_now)
+
     def run(*argv: str) -> tuple[int, str, str]:
         try:
             status = main(list(argv))
         except SystemExit as exc:  # argparse errors exit through SystemExit
             status = exc.code
+        except RankExited as exc:
+            status = exc.status
         out, err = capsys.readouterr()
         return status, out, err
     return run
@@ -32,10 +59,17 @@ def _cuda_devices() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def pytest_report_header(config):
+    if gpu_standin.enabled():
+        return (f"GPU tests on stand-ins ({gpu_standin.ENV}=1): {gpu_standin.gpus()} fake "
+                "GPUs, fake CuPy/NCCL, fake torch.cuda and NCCL process group")
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
-    """gpu-marked tests skip on machines without CUDA (every CI machine)."""
+    """gpu-marked tests skip on machines without CUDA, unless the stand-ins are on."""
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if gpu_items and _cuda_devices() == 0:
-        skip = pytest.mark.skip(reason="needs a CUDA device")
+        skip = pytest.mark.skip(reason="needs a CUDA device (or INFERCOMM_GPU_STANDIN=1)")
         for item in gpu_items:
             item.add_marker(skip)

@@ -14,6 +14,11 @@ Installed over the real module's functions with `monkeypatch` (`FakeCuda(2).inst
   make a context on, another rank's GPU.
 
 `calls` is the order of everything asked, for the tests to assert on.
+
+For the GPU tests run on stand-ins (INFERCOMM_GPU_STANDIN=1, tests/gpu_standin.py),
+`install_standin` also gives it streams, timing events and CUDA graphs with the rules torch and
+CUDA enforce (tests/fake_torch_graphs.py), and makes `torch.zeros(..., device="cuda")` a host
+tensor, only on this rank's selected device.
 """
 
 import sys
@@ -30,6 +35,9 @@ class _Stream:
 
     def synchronize(self) -> None:
         self._cuda.calls.append(("stream.synchronize", self._cuda.current))
+
+    def wait_stream(self, other: Any) -> None:
+        pass
 
 
 def mpi_initialized() -> bool:
@@ -84,9 +92,22 @@ class FakeCuda:
     def synchronize(self) -> None:
         self.calls.append(("synchronize", self._need_device("synchronize()")))
 
-    def current_stream(self) -> _Stream:
+    def current_stream(self, device: Any = None) -> Any:
         self._need_device("current_stream()")
-        return _Stream(self)
+        return self.streams.current() if self.streams is not None else _Stream(self)
+
+    streams: Any = None  # tests/fake_torch_graphs.Streams once install_standin ran
+
+    def install_standin(self, torch: Any) -> "FakeCuda":
+        """Replace torch.cuda's device, stream, event and graph calls for good (a rank of
+        the stand-in GPU tests), and make CUDA tensors host tensors on this rank's device."""
+        from tests import fake_torch_graphs
+        self.streams = fake_torch_graphs.Streams(self)
+        for name in ("is_available", "device_count", "set_device", "current_device",
+                     "mem_get_info", "get_device_name", "current_stream"):
+            setattr(torch.cuda, name, getattr(self, name))
+        fake_torch_graphs.install(torch, self)
+        return self
 
     def install(self, monkeypatch: Any) -> "FakeCuda":
         import torch

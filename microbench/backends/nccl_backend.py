@@ -88,8 +88,10 @@ class NcclBackend:
         self._comms_lock = threading.Lock()  # new_group/close vs the watchdog's async_error
         self._world: Group | None = None
         world = self._world = self.new_group("world", list(range(self.world_size)))
-        one = self.empty(1, "fp32")
-        self._barrier_call = self.bind("allreduce", world, one, None, None)
+        # kept: a bound call holds raw pointers only, and CuPy's pool hands a freed block out
+        # again (cupy/cuda/memory.pyx _arena @ v14.2.0)
+        self._barrier_buffer = self.empty(1, "fp32")
+        self._barrier_call = self.bind("allreduce", world, self._barrier_buffer, None, None)
 
     # --- groups and buffers ---
 

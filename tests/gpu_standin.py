@@ -1,0 +1,97 @@
+"""The GPU tests' stand-ins, put in place of CUDA, CuPy and NCCL for a whole process.
+
+With INFERCOMM_GPU_STANDIN=1 in the environment, `microbench` (its package __init__, the one
+hook the product has for this) calls `install()` before anything touches torch.cuda or CuPy,
+in the pytest process and in every rank it launches (launchers pass the environment on:
+torchrun, mpiexec, the replay's own --nproc launcher). Then:
+
+- `import cupy` gives tests/fake_cupy.py, on INFERCOMM_GPU_STANDIN_GPUS devices (default 4);
+- `import torch` gives the real (CPU) torch with torch.cuda replaced by the stand-in of
+  tests/fake_torch_cuda.py and tests/fake_torch_graphs.py (that many GPUs, streams, events,
+  graphs, the capture rules) and torch.distributed's NCCL by tests/fake_torch_nccl.py.
+
+Nothing is imported until asked for: a process that never imports torch (the watchdog's
+sentinel) pays nothing.
+"""
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from typing import Any
+
+ENV = "INFERCOMM_GPU_STANDIN"
+GPUS_ENV = "INFERCOMM_GPU_STANDIN_GPUS"
+_CUPY_NAMES = ("cupy", "cupy.cuda", "cupy.cuda.nccl")
+
+
+def enabled(environ: Any = None) -> bool:
+    return (os.environ if environ is None else environ).get(ENV, "") not in ("", "0")
+
+
+def gpus() -> int:
+    return int(os.environ.get(GPUS_ENV, "4"))
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """cupy: the stand-in modules; torch: the real one, patched once it has loaded."""
+
+    def __init__(self) -> None:
+        self.cupy: dict[str, Any] | None = None
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name in _CUPY_NAMES:
+            return importlib.machinery.ModuleSpec(name, self, is_package=name != "cupy.cuda.nccl")
+        if name == "torch":
+            sys.meta_path.remove(self)
+            try:
+                spec = importlib.util.find_spec("torch")
+            finally:
+                sys.meta_path.insert(0, self)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _PatchAfter(spec.loader)
+            return spec
+        return None
+
+    def create_module(self, spec: Any) -> Any:
+        if self.cupy is None:
+            from tests import fake_cupy
+            self.cupy = fake_cupy.make_modules(devices=gpus())
+        return self.cupy[spec.name]
+
+    def exec_module(self, module: Any) -> None:
+        pass
+
+
+class _PatchAfter(importlib.abc.Loader):
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.loader.exec_module(module)
+        patch_torch(module)
+
+
+def patch_torch(torch: Any) -> None:
+    if getattr(torch.cuda, "_infercomm_standin", False):
+        return
+    import torch.distributed as dist
+
+    from tests import fake_torch_nccl
+    from tests.fake_torch_cuda import FakeCuda
+    cuda = FakeCuda(gpus()).install_standin(torch)
+    fake_torch_nccl.install(dist, cuda)
+    torch.cuda._infercomm_standin = True
+
+
+def install() -> None:
+    """Idempotent; torch is patched now if it is loaded already, else when it loads."""
+    if any(isinstance(f, _Finder) for f in sys.meta_path):
+        return
+    sys.meta_path.insert(0, _Finder())
+    if "torch" in sys.modules:
+        patch_torch(sys.modules["torch"])
