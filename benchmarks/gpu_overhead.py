@@ -18,9 +18,12 @@ CUDA events on the library's stream around `--steps` steps of `--calls` calls:
   replay graph  the Replayer with --graph decode
 
 Goal: replay / bare and replay graph / bare graph both <= 1.05; graph / bare shows what
-capture saves. Rounds alternate the four ways so that drift hits all alike; each figure is
-the median over rounds of the slowest rank's. Prints a table and one JSON line; writes a
-file only with --out.
+capture saves. send/recv over torch has no graph ways (null in the JSON): ProcessGroupNCCL
+returns no Work for a captured send or receive, so `dist.send` fails on `.wait()` of None
+(pytorch/pytorch#133984, torch 2.3-2.6), and the replay keeps P2P out of its graphs anyway.
+Rounds alternate the four ways so that drift hits all alike; each figure is the median
+over rounds of the slowest rank's. Prints a table and one JSON line; writes a file only with
+--out.
 """
 
 import argparse
@@ -64,8 +67,10 @@ def cases(world: int) -> list[tuple[str, str, int]]:
     return out
 
 
-def bind(backend, group, kind: str, numel: int) -> tuple[object, object]:
-    """(our bound call, a bare call of the library) for one case on this rank."""
+def bind(backend, group, kind: str, numel: int) -> tuple[object, object, tuple]:
+    """(our bound call, a bare call of the library, the buffers) for one case on this rank:
+    the caller keeps the buffers for as long as the calls and graphs live (a bound nccl call
+    holds raw pointers only, and CuPy's pool hands a freed block out again)."""
     send = backend.empty(numel, "bf16")
     recv, target = None, 0
     if kind == "allgather" or (kind == "gather" and group.index == 0):
@@ -75,7 +80,7 @@ def bind(backend, group, kind: str, numel: int) -> tuple[object, object]:
         target = backend.rank + 1 if kind == "send" else backend.rank - 1
         send, recv = (send, None) if kind == "send" else (None, send)
     ours = backend.bind(kind, group, send, recv, target)
-    return ours, bare_call(backend, group, kind, send, recv, target)
+    return ours, bare_call(backend, group, kind, send, recv, target), (send, recv)
 
 
 def bare_call(backend, group, kind: str, send, recv, target: int):
@@ -120,12 +125,14 @@ class Case:
         from patterns import Phase
 
         self.backend, self.steps, self.calls = backend, args.steps, args.calls
-        ours, bare = bind(backend, group, kind, numel)
+        ours, bare, self.buffers = bind(backend, group, kind, numel)
         self.bare = [bare] * args.calls
+        # no torch P2P in a graph: ProcessGroupNCCL gives no Work under capture (#133984)
+        self.graphs = not (kind == "sendrecv" and backend.name == "torch")
         capture = capture_function(backend)
-        self.bare_graph = capture(self.bare)
+        self.bare_graph = capture(self.bare) if self.graphs else None
         self.replayers = {}
-        for way, graph in (("replay", "none"), ("replay_graph", "decode")):
+        for way, graph in (("replay", "none"), ("replay_graph", "decode"))[:1 + self.graphs]:
             ops = [BoundOp(None, group, None, None, ours)] * args.calls
             plan = Plan(backend.rank, 0, [BoundRun(Phase.DECODE, args.steps, ops,
                                                    [ours] * args.calls)], {})
@@ -159,8 +166,10 @@ class Case:
         self.backend.synchronize()
         return float(self.marks.elapsed_us()[-1])
 
-    def time(self, way: str) -> float:
-        """Microseconds per call, this rank."""
+    def time(self, way: str) -> float | None:
+        """Microseconds per call, this rank (None: a graph way of a case without graphs)."""
+        if not self.graphs and way in ("bare_graph", "replay_graph"):
+            return None
         if way == "bare":
             calls = self.bare
 
@@ -217,13 +226,18 @@ def main() -> int:
     gathered = backends[0].allgather_object([s for *_, s in table])
     rows = []
     for i, (label, lib, nbytes, _) in enumerate(table):
-        med = {way: float(np.median(np.max([rank[i][way] for rank in gathered], axis=0)))
+        med = {way: (float(np.median(np.max([rank[i][way] for rank in gathered], axis=0)))
+                     if gathered[0][i][way] and None not in gathered[0][i][way] else None)
                for way in WAYS}
+        graphed = med["bare_graph"] is not None
         rows.append({"case": label, "library": lib, "bytes": nbytes,
-                     **{f"{way}_us": round(med[way], 3) for way in WAYS},
+                     **{f"{way}_us": None if med[way] is None else round(med[way], 3)
+                        for way in WAYS},
                      "replay_ratio": round(med["replay"] / med["bare"], 4),
-                     "graph_ratio": round(med["replay_graph"] / med["bare_graph"], 4),
-                     "graph_speedup": round(med["bare"] / med["bare_graph"], 3)})
+                     "graph_ratio": round(med["replay_graph"] / med["bare_graph"], 4)
+                     if graphed else None,
+                     "graph_speedup": round(med["bare"] / med["bare_graph"], 3)
+                     if graphed else None})
     info = backends[0].versions()
     for backend in reversed(backends):
         backend.close()
@@ -233,7 +247,8 @@ def main() -> int:
     print_table(rows, info, world, args)
     doc = {"gpu": info.get("gpu"), "nccl": info.get("nccl"), "world_size": world,
            "steps": args.steps, "calls": args.calls, "rounds": args.rounds, "goal": GOAL,
-           "within_goal": all(max(r["replay_ratio"], r["graph_ratio"]) <= GOAL for r in rows),
+           "within_goal": all(max(r["replay_ratio"], r["graph_ratio"] or 0) <= GOAL
+                              for r in rows),
            "rows": rows}
     if args.out:
         Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
@@ -249,11 +264,13 @@ def print_table(rows: list[dict], info: dict, world: int, args: argparse.Namespa
             f"{'graph':>8} {'r.graph':>8} {'ratio':>6} {'saved':>6}")
     print(head)
     print("-" * len(head))
+    def cell(value: float | None, width: int, digits: int) -> str:
+        return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
     for r in rows:
         print(f"{r['case']:<22} {r['library']:<7} {r['bare_us']:>8.2f} {r['replay_us']:>8.2f} "
-              f"{r['replay_ratio']:>6.3f} {r['bare_graph_us']:>8.2f} "
-              f"{r['replay_graph_us']:>8.2f} {r['graph_ratio']:>6.3f} "
-              f"{r['graph_speedup']:>5.2f}x")
+              f"{r['replay_ratio']:>6.3f} {cell(r['bare_graph_us'], 8, 2)} "
+              f"{cell(r['replay_graph_us'], 8, 2)} {cell(r['graph_ratio'], 6, 3)} "
+              f"{cell(r['graph_speedup'], 5, 2)}x")
     print(f"goal: ratio <= {GOAL} (replay vs bare, eager and graphed); saved = bare / graph")
 
 

@@ -15,7 +15,7 @@ if gpu_standin.enabled():  # every rank a test launches imports `tests` from thi
         [_ROOT, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]])
     gpu_standin.install()
 
-from microbench.cli import main  # noqa: E402
+from microbench.cli import main
 
 
 class RankExited(Exception):

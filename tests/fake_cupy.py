@@ -336,7 +336,7 @@ def _run_group(parts: list[tuple[str, int, int, int, int, int, "Communicator"]])
     comm = parts[0][6]
     sends = [(p[4], p[1], p[2], p[3]) for p in parts if p[0] == "send"]
     recvs = [(p[4], p[1], p[2], p[3]) for p in parts if p[0] == "recv"]
-    for peer, ptr, count, dt in sends + recvs:
+    for _, ptr, count, dt in sends + recvs:
         _check_live(ptr, count * _SIZES[dt])
     for kind, ptr, count, dt, peer, stream, _ in parts:
         comm._log("Send" if kind == "send" else "Recv", count, dt, peer, ptr, ptr, stream)

@@ -1,11 +1,12 @@
-"""The GPU paths the review found breaking or at risk, on real GPUs (skipped without CUDA by
-conftest; `make test-gpu` runs them). None of these has run on a device yet.
+"""The GPU paths the review found breaking or at risk, on real GPUs (`make test-gpu`) or on
+the stand-ins (`make test-gpu-standin`, INFERCOMM_GPU_STANDIN=1; skipped with neither).
 
 Each launch has a wall-clock limit well under the hang it guards against, so a machine with
-two GPUs answers "ends cleanly" in one command: TP2 and PP2 with decode graphs (teardown while
-graphs are alive; PP send/recv and graphs), uneven DP with chunked prefill and a short
---timeout (ranks cutting different graphs), each rank on its own GPU (local rank -> device,
-recorded in meta.json), and benchmarks/gpu_overhead.py under torchrun.
+two GPUs answers "ends cleanly" in one command: TP2 with decode graphs (teardown while
+graphs are alive), TP2xPP2 on four (PP send/recv eager between the TP graphs), uneven DP
+with chunked prefill and a short --timeout (ranks cutting different graphs), each rank on
+its own GPU (local rank -> device, recorded in meta.json), and benchmarks/gpu_overhead.py
+under torchrun.
 """
 
 import importlib.util
@@ -35,10 +36,14 @@ def _gpus() -> int:
     return torch.cuda.device_count()
 
 
+def needs_gpus(count: int) -> None:
+    if _gpus() < count:
+        pytest.skip(f"needs {count} GPUs (one a rank); this node has {_gpus()}")
+
+
 @pytest.fixture
 def two_gpus():
-    if _gpus() < 2:
-        pytest.skip("needs two GPUs")
+    needs_gpus(2)
 
 
 def _replay(tmp_path, model: str, *extra: str):
@@ -61,10 +66,16 @@ def test_tp2_with_decode_graphs_ends_cleanly_each_rank_on_its_gpu(tmp_path, two_
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_pp2_with_decode_graphs_ends_cleanly(tmp_path, two_gpus, backend):
-    line, meta = _replay(tmp_path, tiny_model(tmp_path), "--pp", "2", "--backend", backend,
-                         "--graph", "decode")
+def test_tp2_pp2_with_decode_graphs_ends_cleanly(tmp_path, backend):
+    # TP2xPP2: each stage's TP all-reduces are captured, the PP sends and receives and the
+    # sampled-token broadcast stay eager between the graphs (at TP1 every decode call is
+    # P2P or pp_broadcast, so a PP2-only run captured no graph at all).
+    needs_gpus(4)
+    line, meta = _replay(tmp_path, tiny_model(tmp_path), "--tp", "2", "--pp", "2",
+                         "--backend", backend, "--graph", "decode")
     assert line["wrong"] == 0 and meta["graph"] == "decode"
+    # every rank captured its stage's TP all-reduces (meta.json: local_ranks[r].graphs)
+    assert [r["graphs"] > 0 for r in meta["local_ranks"]] == [True] * 4
 
 
 def test_uneven_dp_with_chunked_prefill_ends_within_its_timeout(tmp_path, two_gpus):

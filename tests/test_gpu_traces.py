@@ -29,7 +29,7 @@ def _device_count() -> int:
 @pytest.mark.parametrize("backend", ["torch", pytest.param("nccl", marks=needs_cupy)])
 def test_replay_log_validates_equal(tmp_path: Path, backend: str) -> None:
     if _device_count() < 2:
-        pytest.skip("NCCL with two ranks needs two GPUs")
+        pytest.skip(f"needs 2 GPUs (one a rank); this node has {_device_count()}")
     model = tiny_model(tmp_path)
     pattern = ["--model", model, "--tp", "2", "--prompt", "4", "--decode", "3",
                "--engine", "vllm-v0", "--eager"]

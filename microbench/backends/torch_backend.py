@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from microbench.backends import BoundCall, Group, register
 from microbench.ranks.device import check_device_index
-from microbench.ranks.dist import DistEnv, resolve_master_addr
+from microbench.ranks.dist import DistEnv, rendezvous_address, resolve_master_addr
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
                 "int64": torch.int64, "int32": torch.int32, "uint8": torch.uint8}
@@ -42,7 +42,7 @@ class TorchBackend:
         else:
             self.transport = "gloo"
             self._torch_device = torch.device("cpu")
-        addr = resolve_master_addr(env.master_addr)
+        addr = resolve_master_addr(rendezvous_address(env))  # mpirun across hosts: rank 0's
         warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
         dist.init_process_group(self.transport, init_method=f"tcp://{addr}:{env.master_port}",
                                 rank=env.rank, world_size=env.world_size,

@@ -37,6 +37,13 @@ launch:
 """
 
 
+# -w 0 on a GPU: what the first timed inference then includes (N10 of the GPU re-review).
+WARMUP_ZERO_ON_GPU = (
+    "[infercomm] -w 0 on a GPU: the first timed inference includes one-time costs (torch's "
+    "lazy P2P communicators, NCCL's runtime connection, each graph's first upload); use -w 1 "
+    "or more for figures\n")
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "replay", help="replay a pattern's calls on real ranks and time them",
@@ -101,8 +108,10 @@ def run(args: argparse.Namespace) -> int:
         from microbench.replay.kv_transfer import run_disagg
         return run_disagg(args)
     pattern = pattern_or_trace(args)  # bad input ends here, before any process or file
-    from microbench.replay.graphs import eager_pattern_mode
+    from microbench.replay.graphs import eager_pattern_mode, p2p_algorithm_mode
     args.graph = eager_pattern_mode(pattern, args.graph)  # --eager: no graphs
+    args.graph = p2p_algorithm_mode(args.backend, getattr(args, "allreduce_algo", None),
+                                    args.graph)
     check_backend_options(args, pattern.layout.world_size)
     if args.timing == "op":
         rows, size = check_ops_size(pattern, args)
@@ -203,6 +212,8 @@ def run_rank(pattern: Pattern, env: dist.DistEnv, args: argparse.Namespace) -> i
         args.graph = resolve_mode(args.graph, args.backend, device, args.timing)
         from microbench.ranks.device import select_device
         index = select_device(env, args.backend) if device == "cuda" else 0  # before MPI_Init
+        if device == "cuda" and args.warmup == 0 and env.rank == 0:
+            sys.stderr.write(WARMUP_ZERO_ON_GPU)
         check_rank_fits(pattern, env.rank, device, args, index)
         backend = open_backend(args.backend, env=env, device=device, timeout=args.timeout,
                                staging=args.mpi_staging)
@@ -229,7 +240,7 @@ def run_rank(pattern: Pattern, env: dist.DistEnv, args: argparse.Namespace) -> i
             resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)  # KiB on Linux
         args.local_ranks = backend.allgather_object(  # each rank's placement, in meta.json
             {"rank": env.rank, "local_rank": env.local_rank, "from": env.local_var or None,
-             "gpu": index if device == "cuda" else None})
+             "gpu": index if device == "cuda" else None, "graphs": len(plan.graphs)})
         status = 0
         if backend.rank == 0:
             from microbench.replay.output import write_replay

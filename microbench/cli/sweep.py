@@ -263,7 +263,12 @@ def run_rank(cases: list[Case], skipped: list[str], pattern: Pattern | None,
     except (UsageError, ConfigError):
         raise
     except Exception as err:  # a peer's failure surfaces here as a library error
-        return report_rank_failure("sweep", env.rank, err)
+        status = report_rank_failure("sweep", env.rank, err)
+        from microbench.ranks.teardown import destructors_may_block, exit_now
+        if destructors_may_block(args.backend, locals().get("device")):
+            watchdog.stop()
+            exit_now(status)  # communicators' destructors could wait for ever (as replay)
+        return status
     finally:
         watchdog.stop()
 

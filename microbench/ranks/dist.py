@@ -9,7 +9,8 @@ src/plugins/mpi/pmi2/mpi_pmi2.c p_mpi_hook_slurmstepd_task @ 084787c0), so a tas
 read for a task another launcher started inside an allocation: there it is the local id of the
 launcher's own proxy (0 on every node), not the rank's. The rendezvous
 address of the torch backend comes from MASTER_ADDR/MASTER_PORT, else from Slurm's node list
-and job id, else the local host.
+and job id, else, under mpirun/mpiexec across hosts, from rank 0 through MPI
+(`rendezvous_address`), else the local host.
 """
 
 import os
@@ -80,6 +81,36 @@ def detect(environ: Mapping[str, str] | None = None) -> DistEnv | None:
         port = slurm_port(env.get("SLURM_JOB_ID", ""))
     return DistEnv(launcher, rank, size, local, addr, port,
                    local_var if local_var in env else "")
+
+
+# The launcher's count of ranks on this host: Open MPI's mpirun, MPICH/Intel Hydra's mpiexec.
+_LOCAL_SIZES = {"openmpi": "OMPI_COMM_WORLD_LOCAL_SIZE", "pmi": "MPI_LOCALNRANKS"}
+
+
+def rendezvous_address(env: DistEnv, environ: Mapping[str, str] | None = None) -> str:
+    """Where the torch backend's ranks meet. Under mpirun/mpiexec across hosts with neither
+    MASTER_ADDR nor a Slurm node list, `env.master_addr` is the 127.0.0.1 fallback, where a
+    second host's ranks would meet only each other (and wait until --timeout): rank 0's host
+    name is then asked through MPI (mpi4py), or the run refused naming MASTER_ADDR."""
+    from microbench.argtypes import UsageError
+
+    e = os.environ if environ is None else environ
+    if (env.launcher not in _LOCAL_SIZES or e.get("MASTER_ADDR")
+            or e.get("SLURM_STEP_NODELIST") or e.get("SLURM_JOB_NODELIST")):
+        return env.master_addr
+    local = e.get(_LOCAL_SIZES[env.launcher], "")
+    if local.isdigit() and int(local) >= env.world_size:  # every rank on this host
+        return env.master_addr
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise UsageError(
+            f"the ranks span hosts ({_LOCAL_SIZES[env.launcher]}={local or 'unset'} of "
+            f"{env.world_size}) but MASTER_ADDR is not set, so the torch backend cannot find "
+            "rank 0; set MASTER_ADDR to rank 0's host (mpirun -x MASTER_ADDR=host, mpiexec "
+            "-genv MASTER_ADDR host) or install mpi4py") from None
+    import socket
+    return str(MPI.COMM_WORLD.bcast(socket.gethostname() if env.rank == 0 else None, root=0))
 
 
 def resolve_master_addr(addr: str) -> str:

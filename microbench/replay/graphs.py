@@ -79,6 +79,21 @@ def eager_pattern_mode(pattern: Pattern, requested: str | None) -> str | None:
     return "none"
 
 
+def p2p_algorithm_mode(backend: str, algorithm: str | None, requested: str | None) -> str | None:
+    """`--allreduce-algo` other than the library's, on torch: its all-reduce is torch
+    batch_isend_irecv + wait (algorithms/execute.py), and ProcessGroupNCCL hands back no Work
+    for P2P under capture (pytorch/pytorch#133984, torch 2.3-2.6), so it replays eagerly by
+    default and an explicit --graph decode is refused. The nccl backend's ncclSend/ncclRecv
+    are captured as NCCL allows (>= 2.9)."""
+    if backend != "torch" or algorithm in (None, "library"):
+        return requested
+    if requested == "decode":
+        raise UsageError(f"--allreduce-algo {algorithm} on --backend torch is torch send/recv, "
+                         "which a CUDA graph cannot capture (pytorch/pytorch#133984); use "
+                         "--graph none, or --backend nccl")
+    return "none"
+
+
 def resolve_mode(requested: str | None, backend: str, device: str, level: str) -> str:
     """The graph mode of a run: `requested`, or the default (decode on CUDA for torch and
     nccl, unless op-level timing; none otherwise). Refusals are one-line UsageErrors.

@@ -38,6 +38,17 @@ def _by_op_kind(ranks: list[RankSamples]) -> dict[str, Any]:
     return result
 
 
+def transport_of(backend: Backend, dtype: str) -> str:
+    """The backend's transport, and where a CUDA-aware MPI run's sums of `dtype` go through
+    host memory (bf16 always; backends/mpi_backend.py staged_reduction), that too:
+    "mpi-cuda-aware+staged-bf16", since the run's dominant op (the all-reduce) is staged."""
+    staged = getattr(backend, "staged_reduction", None)
+    if backend.transport == "mpi-cuda-aware" and staged is not None and staged("allreduce",
+                                                                                 dtype):
+        return f"{backend.transport}+staged-{dtype}"
+    return backend.transport
+
+
 def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.Namespace,
                  ranks: list[RankSamples], ops_csv: Path | None = None,
                  ops_error: OSError | None = None) -> dict[str, Any]:
@@ -50,9 +61,10 @@ def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.
     calls = max(pattern.calls_per_inference(s) for s in range(pattern.layout.pp))
     hosts = [s.host for s in ranks]
     where = cpus.placement(hosts, backend.device)
+    transport = transport_of(backend, pattern.workload.dtype)
     summary: dict[str, Any] = {
         "kind": "replay",
-        "backend": backend.name, "transport": backend.transport, "device": backend.device,
+        "backend": backend.name, "transport": transport, "device": backend.device,
         "world_size": backend.world_size, "hosts": hosts,
         "model": pattern.model.name, "engine": pattern.engine,
         "tp": pattern.layout.tp, "pp": pattern.layout.pp,
@@ -67,7 +79,7 @@ def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.
         "engine_transports": _engine_transports(pattern),
     }
     meta = {**base_meta(args.argv), "kind": "replay", "backend": backend.name,
-            "transport": backend.transport, "device": backend.device,
+            "transport": transport, "device": backend.device,
             "world_size": backend.world_size, "hosts": hosts, **where,
             "launcher": args.launcher,
             "local_ranks": getattr(args, "local_ranks", None),  # rank, local rank, its GPU
