@@ -3,7 +3,8 @@
 #   make test   set up, then lint and run the test suite (Slurm tests skip unless Slurm is installed)
 #   make test-quick   lint and the fast tests (no Slurm or GPU tests, not the slowest multi-rank files), under 3 minutes
 #   make test-slurm   install Slurm if missing (root, apt; asked for by running this target), then its tests
-#   make test-gpu   the gpu-marked tests, on a node with GPUs (two for the multi-GPU ones); docs/gpu.md
+#   make test-gpu   the gpu-marked tests, on a node with GPUs (up to four for the multi-GPU ones); docs/gpu.md
+#   make test-gpu-standin   the same tests on stand-ins for CUDA, CuPy and NCCL (no GPU needed)
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
@@ -19,7 +20,7 @@ TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?= $(if $(shell command -v nvidia-smi 2>/dev/null),none,$(TORCH_CPU_INDEX))
 TORCH_INDEX_ARG := $(if $(filter-out none,$(TORCH_INDEX)),--extra-index-url $(TORCH_INDEX) --retries 1)
 
-.PHONY: setup demo test test-quick test-slurm test-gpu lint bench clean
+.PHONY: setup demo test test-quick test-slurm test-gpu test-gpu-standin lint bench clean
 
 setup: $(STAMP)
 
@@ -47,8 +48,10 @@ demo: setup
 lint: setup
 	$(BIN)/ruff check .
 
+# The gpu-marked tests run here too, on the stand-ins (test-gpu-standin), every commit.
 test: lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not gpu"
+	$(MAKE) test-gpu-standin
 
 # No Slurm, MPI-launcher or GPU tests, and without the slowest multi-rank files (their
 # durations in `pytest --durations`): under three minutes on a loaded 2-core machine. `make test`
@@ -62,10 +65,22 @@ test-quick: lint
 test-slurm: setup
 	INFERCOMM_INSTALL_SLURM=1 $(BIN)/python -m pytest -m slurm
 
-# Every gpu-marked test (tests/test_gpu_*.py); each launch has its own wall-clock limit, so a
-# hang fails its test instead of the command. They skip where torch sees no CUDA device.
+# Every gpu-marked test (tests/test_gpu_*.py) on this node's GPUs, with CuPy (the cuda extra,
+# for --backend nccl): its install must succeed, or the nccl tests would only skip. Each launch
+# has its own wall-clock limit, so a hang fails its test instead of the command; a test needing
+# more GPUs than the node has skips, saying how many.
 test-gpu: setup
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[cuda]' \
+	  || { echo "make test-gpu: the cuda extra (cupy-cuda12x) did not install; the nccl GPU tests need it" >&2; exit 1; }
+	$(BIN)/python -c "import cupy; cupy.cuda.runtime.getDeviceCount()" \
+	  || { echo "make test-gpu: CuPy is installed but sees no GPU (a CuPy for another CUDA?)" >&2; exit 1; }
 	$(BIN)/python -m pytest -m gpu -v -rs -p no:cacheprovider tests
+
+# The same gpu-marked tests on stand-ins (tests/gpu_standin.py): fake CUDA devices, streams,
+# events and graphs, fake CuPy with its NCCL communicator, fake torch.cuda and NCCL process
+# group, all refusing what the real libraries refuse (docs/gpu.md). No GPU needed; none skips.
+test-gpu-standin: setup
+	INFERCOMM_GPU_STANDIN=1 $(BIN)/python -m pytest -m gpu -q -rs -p no:cacheprovider tests
 
 # pytest-benchmark with its own configuration (benchmarks/pytest.ini); each run is saved
 # under .benchmarks/<suite> and compared with the previous one there when there is one

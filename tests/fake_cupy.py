@@ -314,6 +314,8 @@ class Communicator:
                 f"ncclCommDestroy would block: {len(self.graphs)} live CUDA graph(s) captured "
                 "this communicator (NCCL src/init.cc commDestroySync)")
         self.destroyed = True
+        if self.wire is not None:
+            self.wire.close()
 
     def abort(self) -> None:
         self.destroy()  # ncclCommAbort reclaims through commDestroySync too

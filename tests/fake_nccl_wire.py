@@ -13,6 +13,7 @@ A unique id is 128 bytes (ncclUniqueId, NCCL_UNIQUE_ID_BYTES in nccl.h); the sta
 the address of a TCPStore that the process which made the id serves.
 """
 
+import atexit
 import ctypes
 import itertools
 import os
@@ -27,6 +28,7 @@ import numpy as np
 NUMPY = {0: np.int8, 1: np.uint8, 2: np.int32, 3: np.uint32, 4: np.int64, 5: np.uint64,
          6: np.float16, 7: np.float32, 8: np.float64, 9: np.uint16}
 _servers: list[Any] = []  # TCPStores this process serves for ids it made (kept alive)
+atexit.register(_servers.clear)  # before interpreter teardown frees torch's objects
 _tag = itertools.count(1)
 
 
@@ -69,6 +71,10 @@ class Wire:
         self.pg = dist.ProcessGroupGloo(dist.PrefixStore(f"nccl-{tag}", store), rank, ndev,
                                         timedelta(seconds=120))
         self.rank, self.size, self._store = rank, ndev, store
+
+    def close(self) -> None:
+        """ncclCommDestroy: the gloo group and its store connection go now, not at exit."""
+        self.pg, self._store = None, None
 
     def allreduce(self, data: Any) -> None:
         self.pg.allreduce([data]).wait()

@@ -60,8 +60,12 @@ def install(dist: Any, cuda: Any) -> None:
         if hasattr(dist, name):
             setattr(dist, name, _collective(getattr(dist, name), nccl_name, dist, streams,
                                             cuda))
+    import torch.distributed.distributed_c10d as c10d
     for name in P2P:
-        setattr(dist, name, _p2p(getattr(dist, name), name, dist, streams, cuda))
+        wrapped = _p2p(getattr(dist, name), name, dist, streams, cuda)
+        setattr(dist, name, wrapped)
+        if name in ("isend", "irecv"):  # P2POp checks its op against c10d's own names
+            setattr(c10d, name, wrapped)
     dist.barrier = _barrier(dist.barrier, dist, streams, cuda)
     dist.destroy_process_group = _destroy(dist.destroy_process_group)
 

@@ -95,3 +95,11 @@ def test_gpu_overhead_benchmark_under_torchrun_ends(two_gpus):
     assert proc.returncode == 0, proc.stderr
     assert last_json(proc.stdout)["world_size"] == 2
 
+
+
+def test_allreduce_algo_on_torch_replays_without_graphs(tmp_path, two_gpus):
+    # the ring is torch batch_isend_irecv + wait, which ProcessGroupNCCL cannot capture
+    # (pytorch/pytorch#133984): the default graph mode on torch is then none
+    line, meta = _replay(tmp_path, tiny_model(tmp_path), "--tp", "2", "--backend", "torch",
+                         "--allreduce-algo", "ring")
+    assert (line["wrong"], meta["graph"]) == (0, "none")

@@ -72,10 +72,12 @@ def test_uneven_dp_ranks_capture_only_where_both_decode():
         events = log.log[("dp0",)]  # tp 1: every EP call is on the DP x EP communicator
         count = {mode: sum(1 for e in events if e[0] == mode)
                  for mode in ("eager", "warm-up", "graph")}
-        # 193 calls a step on both ranks. Steps 0-3 eager on both: 4 x 193 = 772. Steps 4-7
-        # and 8-10 (rank 0's runs cut both ranks' timelines): two graphs, each warmed up once,
-        # 2 x 193 = 386 warm-up calls, launched 4 + 3 = 7 times: 7 x 193 = 1351 calls.
-        assert count == {"eager": 772, "warm-up": 386, "graph": 1351}
+        # 193 calls a step on both ranks, one of them vLLM's per-step DP sync (a gloo op,
+        # kept eager: the engine runs it on the host, N4). Steps 0-3 eager on both:
+        # 4 x 193 = 772. Steps 4-7 and 8-10 (rank 0's runs cut both ranks' timelines): two
+        # graph sets, each warmed up once, 2 x 192 = 384 warm-up calls, launched 4 + 3 = 7
+        # times: 7 x 192 = 1344 calls, and the 7 DP syncs eager: 772 + 7 = 779.
+        assert count == {"eager": 779, "warm-up": 384, "graph": 1344}
     assert logs[0].log == logs[1].log
 
 

@@ -112,6 +112,9 @@ def run(args: argparse.Namespace) -> int:
     args.graph = eager_pattern_mode(pattern, args.graph)  # --eager: no graphs
     args.graph = p2p_algorithm_mode(args.backend, getattr(args, "allreduce_algo", None),
                                     args.graph)
+    from microbench.replay.graphs import check_mixing
+    check_mixing(pattern, args.graph if args.timing != "op" else "none", args.backend,
+                 args.device)  # NCCL_GRAPH_MIXING_SUPPORT=0 and eager calls after graphs
     check_backend_options(args, pattern.layout.world_size)
     if args.timing == "op":
         rows, size = check_ops_size(pattern, args)

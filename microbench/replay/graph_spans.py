@@ -49,3 +49,35 @@ def graph_pieces(pattern: Pattern) -> tuple[Piece, ...]:
             i += 1
     return tuple((start, stop, captured) for (start, stop), captured
                  in zip(itertools.pairwise(points), decoding, strict=True))
+
+
+def piece_keys(pattern: Pattern, pieces: tuple[Piece, ...]) -> tuple[tuple[object, ...], ...]:
+    """For each piece, every rank's step in it (None past a rank's last step): two pieces
+    with one key issue the same calls on every rank, so a graph captured for the first can
+    be launched for the second, and every rank decides so alike (vLLM too captures a fixed
+    set of batch sizes once and reuses them)."""
+    timelines = [runs for replica in pattern.replicas() for runs in replica]
+    columns = []
+    for runs in timelines:
+        column, i = [], 0
+        ends = list(itertools.accumulate(run.repeat for run in runs))
+        for start, _, _ in pieces:
+            while i < len(runs) and ends[i] <= start:
+                i += 1
+            column.append(runs[i].step if i < len(runs) else None)
+        columns.append(column)
+    return tuple(zip(*columns, strict=True)) if columns else tuple(() for _ in pieces)
+
+
+def mixes_graphs_and_eager(pattern: Pattern, pieces: tuple[Piece, ...]) -> bool:
+    """Whether an eager call follows a graph launch with no synchronize between, on a
+    communicator the graph may hold: a captured piece followed by an eager one (a request
+    workload's next prefill), or a captured piece holding host-path (gloo) ops, which the
+    replay keeps eager (replay/graphs.py)."""
+    captured = [captured for _, _, captured in pieces]
+    if any(a and not b for a, b in itertools.pairwise(captured)):
+        return True
+    from patterns.ops import Transport
+    keys = piece_keys(pattern, pieces)
+    return any(step is not None and any(op.transport == Transport.GLOO for op in step.ops)
+               for key, (_, _, on) in zip(keys, pieces, strict=True) if on for step in key)

@@ -54,6 +54,7 @@ from microbench.argtypes import UsageError
 from microbench.backends import Backend, BoundCall
 from microbench.replay.plan import BoundOp, BoundRun, Plan
 from patterns import OpKind, Pattern, Phase
+from patterns.ops import Transport
 
 MODES = ("decode", "none")
 CAPTURING_BACKENDS = ("torch", "nccl")
@@ -117,29 +118,72 @@ def resolve_mode(requested: str | None, backend: str, device: str, level: str) -
     return requested
 
 
-def use_graphs(plan: Plan, backend: Backend, capture: Capture | None = None) -> int:
+def use_graphs(plan: Plan, backend: Backend, capture: Capture | None = None,
+               progress: Callable[[], None] | None = None) -> int:
     """Cut the plan's runs at the pattern's global pieces and replace the calls of every
-    captured piece by graph launches, point-to-point calls left eager between them (calls
-    added to a run after its ops, such as test faults, stay after them). Returns the number
-    of graphs. Every rank calls this at the same point: the warm-ups communicate."""
+    captured piece by graph launches, point-to-point and host-path calls left eager between
+    them (calls added to a run after its ops, such as test faults, stay after them). A piece
+    whose key (every rank's step) equals an earlier captured one launches that one's graphs.
+    `progress` is called after each capture (the watchdog's step count: capturing thousands
+    of pieces is progress, not a hang). Returns the number of graphs. Every rank calls this
+    at the same point: the warm-ups communicate."""
     capture = capture or capture_function(backend)
+    if progress is not None:
+        capture = _counting(capture, progress)
     pieces = plan.pieces if plan.pieces is not None else _own_decode_runs(plan)
+    keys = (plan.piece_keys if plan.pieces is not None and plan.piece_keys is not None
+            else (None,) * len(pieces))
+    captured_by_key: dict[object, list[BoundCall]] = {}
     runs: list[BoundRun] = []
     step = 0
     for run in plan.runs:
         extra = run.calls[len(run.ops):]
-        for start, end, captured in pieces:
+        for (start, end, captured), key in zip(pieces, keys, strict=True):
             lo, hi = max(start, step), min(end, step + run.repeat)
             if lo >= hi:
                 continue
-            calls = (_captured_step(run.ops, capture, plan.graphs)
-                     if captured and run.phase == Phase.DECODE and run.ops
-                     else [op.call for op in run.ops])
+            if captured and run.phase == Phase.DECODE and run.ops:
+                calls = captured_by_key.get(key) if key is not None else None
+                if calls is None:
+                    calls = _captured_step(run.ops, capture, plan.graphs, backend.synchronize)
+                    if key is not None:
+                        captured_by_key[key] = calls
+            else:
+                calls = [op.call for op in run.ops]
             runs.append(BoundRun(run.phase, hi - lo, run.ops, [*calls, *extra]))
         step += run.repeat
     plan.runs[:] = runs
     backend.synchronize()
     return len(plan.graphs)
+
+
+def _counting(capture: Capture, progress: Callable[[], None]) -> Capture:
+    def counted(calls: list[BoundCall]) -> BoundCall:
+        launch = capture(calls)
+        progress()
+        return launch
+    return counted
+
+
+def check_mixing(pattern: Pattern, mode: str | None, backend: str, device: str,
+                 environ: Any = None) -> None:
+    """NCCL_GRAPH_MIXING_SUPPORT=0 with graphs on a pattern that issues eager calls after a
+    graph launch on its communicators (a request workload's prefills after decode graphs,
+    host-path ops between graphs): NCCL does not support an eager call during an outstanding
+    graph launch on the same communicator with that setting (docs/userguide/source/env.rst
+    NCCL_GRAPH_MIXING_SUPPORT @ 5067397c, "observed hangs"). Refused in one line."""
+    from microbench.replay.graph_spans import graph_pieces, mixes_graphs_and_eager
+
+    env = os.environ if environ is None else environ
+    graphs = mode == "decode" or (mode is None and backend in CAPTURING_BACKENDS
+                                  and device != "cpu")
+    if not graphs or env.get("NCCL_GRAPH_MIXING_SUPPORT", "").strip() != "0":
+        return
+    if mixes_graphs_and_eager(pattern, graph_pieces(pattern)):
+        raise UsageError("NCCL_GRAPH_MIXING_SUPPORT=0 with CUDA graphs: this pattern issues "
+                         "eager calls after graph launches on the same communicators, which "
+                         "NCCL does not support with that setting (it can hang); unset it, "
+                         "or use --graph none")
 
 
 def _own_decode_runs(plan: Plan) -> tuple[tuple[int, int, bool], ...]:
@@ -151,19 +195,27 @@ def _own_decode_runs(plan: Plan) -> tuple[tuple[int, int, bool], ...]:
     return tuple(pieces)
 
 
-def _captured_step(ops: list[BoundOp], capture: Capture,
-                   graphs: list[BoundCall]) -> list[BoundCall]:
+def _captured_step(ops: list[BoundOp], capture: Capture, graphs: list[BoundCall],
+                   synchronize: BoundCall) -> list[BoundCall]:
     """One step's calls: each stretch of collectives one graph launch; P2P calls and the
-    PP groups' calls eager between them."""
+    PP groups' calls eager between them; an op the engine runs on a CPU group (gloo: vLLM's
+    per-step DP sync, SGLang's MLPSyncBatchInfo all-gather) eager too and followed by a
+    synchronize, the host read-back that follows it in the engine (vllm-project/vllm
+    vllm/v1/worker/dp_utils.py @ c8109375 lines 18-98: the all-reduce on the DP cpu_group,
+    then .item()/.cpu() to choose the padding and the graph)."""
     calls: list[BoundCall] = []
     stretch: list[BoundCall] = []
     for op in ops:
-        if op.op is not None and (op.op.kind in P2P or op.op.group in EAGER_GROUPS):
+        host_path = op.op is not None and op.op.transport == Transport.GLOO
+        if op.op is not None and (op.op.kind in P2P or op.op.group in EAGER_GROUPS
+                                  or host_path):
             if stretch:
                 graphs.append(capture(stretch))
                 calls.append(graphs[-1])
                 stretch = []
             calls.append(op.call)
+            if host_path:
+                calls.append(synchronize)
         else:
             stretch.append(op.call)
     if stretch:

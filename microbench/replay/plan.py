@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from microbench.backends import Backend, BoundCall, Group
-from microbench.replay.graph_spans import graph_pieces
+from microbench.replay.graph_spans import graph_pieces, piece_keys
 from patterns import Op, OpKind, Pattern, Phase
 from patterns.dtypes import dtype_bytes
 from patterns.groups import GROUP_KINDS, group_size, groups
@@ -42,6 +42,8 @@ class Plan:
     # (replay/graph_spans.py); None for a plan built by hand: its own decode runs.
     pieces: tuple[tuple[int, int, bool], ...] | None = None
     graphs: list[BoundCall] = field(default_factory=list)  # graph launches in runs' calls
+    # Per piece, every rank's step (graph_spans.piece_keys): equal keys share one graph.
+    piece_keys: tuple[tuple[object, ...], ...] | None = None
 
     @property
     def calls_per_inference(self) -> int:
@@ -161,4 +163,5 @@ def build_plan(pattern: Pattern, backend: Backend,
     for run in pattern.runs_of_rank(backend.rank):
         ops = [bind(op) for op in run.step.ops]
         runs.append(BoundRun(run.phase, run.repeat, ops, [b.call for b in ops]))
-    return Plan(backend.rank, stage, runs, buffers, graph_pieces(pattern))
+    pieces = graph_pieces(pattern)
+    return Plan(backend.rank, stage, runs, buffers, pieces, piece_keys=piece_keys(pattern, pieces))

@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -47,7 +48,7 @@ class Replayer:
             from microbench.replay.graphs import resolve_mode, use_graphs
             resolve_mode(graph, backend.name, backend.device, level)
             watchdog.where = "CUDA graph capture of the decode steps"
-            use_graphs(plan, backend)
+            use_graphs(plan, backend, progress=partial(_bump, watchdog))
         calls, steps = plan.calls_per_inference, plan.steps_per_inference
         capacity = {"inference": 3, "step": steps + 1, "op": calls + 1}[level]
         self.marks = make_marks(backend.device, capacity, getattr(backend, "stream", None))
@@ -154,6 +155,10 @@ class Replayer:
                 self.watchdog.steps += 1
         self.backend.synchronize()
         return wrong
+
+
+def _bump(watchdog: Watchdog) -> None:
+    watchdog.steps += 1  # a capture done: progress
 
 
 def _count_then(step: int, action: Callable[[], None]) -> Callable[[], None]:
