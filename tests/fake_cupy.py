@@ -77,6 +77,7 @@ class NotReady(RuntimeError):
 _capturing: "Stream | None" = None  # the stream now capturing (one at a time here)
 _issued: list[int] = []  # the stream of every call issued, in order (for the events' rule)
 _live: dict[int, int] = {}  # live arrays: start pointer -> end pointer
+_clock = itertools.count(1)  # orders event records and stream synchronizes
 
 
 def _refuse_in_capture(what: str) -> None:
@@ -112,7 +113,7 @@ class Stream:
     def synchronize(self) -> None:
         _refuse_in_capture("cudaStreamSynchronize")
         self.outstanding.clear()
-        self.synced_at = len(_issued)
+        self.synced_at = next(_clock)
 
     def begin_capture(self) -> None:
         global _capturing
@@ -369,12 +370,12 @@ def group_end() -> None:
 
 class Event:
     def __init__(self) -> None:
-        self.t, self.stream, self.at = 0.0, None, -1
+        self.t, self.stream, self.at, self.tick = 0.0, None, -1, 0
 
     def record(self, stream: Stream | None = None) -> None:
         _refuse_in_capture("a timing event recorded (cudaEventRecord)")
         self.stream = stream if stream is not None else Stream.null
-        self.t, self.at = time.perf_counter(), len(_issued)
+        self.t, self.at, self.tick = time.perf_counter(), len(_issued), next(_clock)
 
 
 def get_elapsed_time(start: Event, end: Event) -> float:
@@ -389,7 +390,7 @@ def get_elapsed_time(start: Event, end: Event) -> float:
     if others:
         raise AssertionError(f"calls on stream(s) {sorted(others)} between events recorded on "
                              f"{start.stream.ptr:#x}: the events do not time them")
-    if end.stream.synced_at < max(start.at, end.at):
+    if end.stream.synced_at < max(start.tick, end.tick):
         raise NotReady("cudaErrorNotReady: the stream was not synchronized after the event")
     return (end.t - start.t) * 1e3
 

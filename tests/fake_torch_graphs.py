@@ -32,6 +32,7 @@ class CaptureError(RuntimeError):
 
 
 _ids = itertools.count(1)
+_clock = itertools.count(1)  # orders event records and synchronizes
 
 
 class Stream:
@@ -47,7 +48,7 @@ class Stream:
 
     def synchronize(self) -> None:
         self._streams.refuse("Stream.synchronize")
-        self.synced_at = len(self._streams.issued)
+        self.synced_at = next(_clock)
         self.outstanding.clear()
 
     def __eq__(self, other: object) -> bool:
@@ -135,8 +136,9 @@ class Streams:
 
     def synchronize(self) -> None:
         self.refuse("torch.cuda.synchronize")
+        tick = next(_clock)
         for stream in self.all_streams():
-            stream.synced_at = len(self.issued)
+            stream.synced_at = tick
             stream.outstanding.clear()
 
 
@@ -149,19 +151,20 @@ class Event:
     def __init__(self, enable_timing: bool = False, blocking: bool = False,
                  interprocess: bool = False) -> None:
         self.timing, self.stream, self.at, self.t = enable_timing, None, -1, 0.0
+        self.tick = 0
 
     def record(self, stream: Stream | None = None) -> None:
         streams = Event.streams
         assert streams is not None
         streams.refuse("a timing event recorded")
         self.stream = stream if stream is not None else streams.current()
-        self.at, self.t = len(streams.issued), time.perf_counter()
+        self.at, self.t, self.tick = len(streams.issued), time.perf_counter(), next(_clock)
 
     def synchronize(self) -> None:
         assert Event.streams is not None
         Event.streams.refuse("Event.synchronize")
         if self.stream is not None:
-            self.stream.synced_at = max(self.stream.synced_at, self.at)
+            self.stream.synced_at = max(self.stream.synced_at, next(_clock))
 
     def elapsed_time(self, end: "Event") -> float:
         streams = Event.streams
@@ -178,7 +181,7 @@ class Event:
         if others:
             raise AssertionError(f"calls on stream(s) {sorted(others)} between events on "
                                  f"stream {self.stream.id}: the events do not time them")
-        if end.stream.synced_at < hi:
+        if end.stream.synced_at < max(self.tick, end.tick):
             raise RuntimeError("CUDA error: device not ready (cudaErrorNotReady): the stream "
                                "was not synchronized after the event was recorded")
         return (end.t - self.t) * 1e3

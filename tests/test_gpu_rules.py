@@ -14,8 +14,8 @@ from microbench.replay.graphs import check_mixing, use_graphs
 from microbench.replay.output import transport_of
 from microbench.replay.plan import build_plan
 from patterns import EngineOptions, Layout, Workload, generate, resolve_model
+from patterns.engines.workloads import workload_pattern
 from patterns.ops import Transport
-from patterns.workload.engines import workload_pattern
 from patterns.workload.requests import read_requests
 from tests.replay_helpers import tiny_model
 

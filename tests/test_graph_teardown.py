@@ -34,12 +34,12 @@ def _env() -> DistEnv:
     return DistEnv("torchrun", 0, 1, 0, "127.0.0.1", free_port())
 
 
-def test_a_graphed_replay_rank_closes_its_backend_after_releasing_the_graphs(
-        cli, cupy, tmp_path, monkeypatch):
-    """W1 through `infercomm replay` as a launched rank of a world of one (the fake is one
-    device): every step gets two all-reduces on the world communicator, so the decode graphs
-    capture it, as they capture the TP communicator on a GPU; the rank must end with status
-    0 and every communicator destroyed."""
+def _graphed_replay_rank(cli, tmp_path, monkeypatch) -> tuple[int, str]:
+    """`infercomm replay` as a launched rank of a world of one (the fake is one device):
+    every step gets two all-reduces on the world communicator, so the decode graphs capture
+    it, as they capture the TP communicator on a GPU. The `cli` fixture turns the rank's
+    os._exit into a status, so a failing rank is a failed test with its message, never the
+    end of pytest (gpu_rereview.md 2.4)."""
     build = plan_module.build_plan
 
     def with_world_calls(pattern, backend):
@@ -60,15 +60,36 @@ def test_a_graphed_replay_rank_closes_its_backend_after_releasing_the_graphs(
                          "--decode", "4", "--backend", "nccl", "--device", "cuda",
                          "--graph", "decode", "-n", "2", "--warmup", "1",
                          "--out", str(tmp_path))
+    return status, err
+
+
+def test_a_graphed_replay_rank_closes_its_backend_after_releasing_the_graphs(
+        cli, cupy, tmp_path, monkeypatch):
+    """W1: the rank ends with status 0 and every communicator destroyed."""
+    status, err = _graphed_replay_rank(cli, tmp_path, monkeypatch)
     assert "would block" not in err, err
     assert status == 0, err
     assert fake_cupy.Communicator.live and all(c.destroyed for c in fake_cupy.Communicator.live)
 
 
+def test_the_w1_check_fails_with_its_message_when_graphs_are_not_released(
+        cli, cupy, tmp_path, monkeypatch):
+    """The mutation: without release_graphs the close meets live graphs (the real
+    ncclCommDestroy would wait for ever, NCCL src/init.cc commDestroySync @ 5067397c); the
+    rank reports it in one line and ends with status 1, and pytest goes on."""
+    monkeypatch.setattr("microbench.replay.graphs.release_graphs", lambda plan, backend: None)
+    status, err = _graphed_replay_rank(cli, tmp_path, monkeypatch)
+    assert status == 1
+    assert "ncclCommDestroy would block" in err.strip().splitlines()[-1]
+    import gc
+    gc.collect()  # the abandoned plan's graphs go, so later tests' communicators close
+
+
 def test_the_stand_in_refuses_to_destroy_a_communicator_a_live_graph_captured(cupy):
     backend = open_backend("nccl", env=_env(), device="cuda", timeout=20)
     group = backend.new_group("tp", [0])
-    launch = capture_function(backend)([bound_op(backend, group, "allreduce", 4, "fp32").call])
+    op = bound_op(backend, group, "allreduce", 4, "fp32")  # kept: the graph holds pointers
+    launch = capture_function(backend)([op.call])
     with pytest.raises(AssertionError, match="ncclCommDestroy would block: 1 live"):
         backend.close()
     launch()  # still usable: nothing was destroyed
@@ -165,10 +186,10 @@ def test_torch_graphs_are_reset_before_the_process_group_is_destroyed(monkeypatc
     backend = TorchRecording(0, 4)
     plan = build_plan(pattern, backend)
     graphs = use_graphs(plan, backend)
-    # Stage 0 decodes in two pieces (steps 1-2 with the sampled-token broadcasts, step 3
-    # without): in each, the 33 TP all-reduces before the PP sends are one graph; the sends
-    # and the pp_broadcast calls stay eager. 2 pieces x 1 graph = 2.
-    assert graphs == 2 and len(_FakeTorchGraph.live) == 2
+    # Every rank decodes steps 1-3 in one run (graph_pieces: (0, 1, eager), (1, 4, captured)):
+    # on stage 0 the TP all-reduces before the PP send are one graph; the send and the
+    # pp_broadcast calls stay eager. 1 piece x 1 graph = 1.
+    assert graphs == 1 and len(_FakeTorchGraph.live) == 1
     release_graphs(plan, backend)
     assert _FakeTorchGraph.live == set() and plan.graphs == []
     assert all(not isinstance(getattr(c, "__self__", None), _FakeTorchGraph)
@@ -253,3 +274,42 @@ def test_an_nccl_async_error_ends_the_rank_at_once_with_its_message(tmp_path):
     assert time.monotonic() - start < 50  # one poll a second, not the 300 s --timeout
     assert proc.stderr.strip().splitlines()[-1].startswith(
         "infercomm replay: error: rank 0: NcclError: NCCL_ERROR_REMOTE_ERROR: remote process")
+
+
+_FAILING_SWEEP = _FAILING_RANK.replace("""from microbench.replay import replayer
+
+def run(self, *args, **kwargs):
+    raise RuntimeError("NCCL error: remote process exited or there was a network error")
+
+replayer.Replayer.run = run""", """from microbench.sweep import cases
+
+def run(self, *args, **kwargs):
+    raise RuntimeError("NCCL error: remote process exited or there was a network error")
+
+cases.Sweeper.run = run""")
+
+
+def test_a_failing_gpu_sweep_rank_ends_without_waiting_in_communicator_destructors(tmp_path):
+    """N7: sweep's failure path ends a GPU rank like replay's (os._exit after the report),
+    so CuPy's NcclCommunicator.__dealloc__ -> ncclCommDestroy (nccl.pyx @ v14.2.0), which
+    waits for a dead peer (NCCL src/init.cc @ 5067397c), never runs."""
+    import os
+    import subprocess
+    import time
+    from pathlib import Path
+
+    assert "cases.Sweeper.run = run" in _FAILING_SWEEP
+    repo = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+           "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "PYTHONPATH": str(repo)}
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", _FAILING_SWEEP, "sweep", "--op", "allreduce",
+                           "--sizes", "1K", "--backend", "nccl", "--device", "cuda",
+                           "--timeout", "300", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60, env=env, cwd=repo,
+                          check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert time.monotonic() - start < 50  # not the destructor's sleep of an hour
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "infercomm sweep: error: rank 0: RuntimeError: NCCL error: remote process exited")
