@@ -127,3 +127,19 @@ def test_torch_under_mpirun_across_hosts_asks_rank_0_or_names_master_addr(monkey
     monkeypatch.delitem(__import__("sys").modules, "mpi4py.MPI")
     with pytest.raises(UsageError, match="MASTER_ADDR is not set"):
         rendezvous_address(env, two_hosts)
+
+
+def test_op_timing_on_a_gpu_says_how_many_events_a_rank_creates():
+    """R14: CudaMarks holds one event per call of the busiest rank plus the start
+    (replay/replayer.py: capacity calls + 1)."""
+    import argparse
+
+    from microbench.cli.replay import op_events_note
+    pattern = generate("vllm", resolve_model(DENSE), Layout(tp=2), Workload(prompt=16, decode=4),
+                       EngineOptions())
+    calls = pattern.calls_per_inference(0)
+    note = op_events_note(pattern, argparse.Namespace(device="cuda", backend="torch"))
+    assert note == f"; on a GPU, {calls + 1:,} CUDA events a rank (one per call), created " \
+                   "before the run"
+    assert op_events_note(pattern, argparse.Namespace(device="cpu", backend="torch")) == ""
+    assert op_events_note(pattern, argparse.Namespace(device="cuda", backend="mpi")) == ""

@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         started_by_us = notes.LAUNCHER_VAR in os.environ  # our launcher said it already
         if here is None or args.nproc is not None or (here.rank == 0 and not started_by_us):
             sys.stderr.write(f"[infercomm] --timing op: ops.csv will hold {rows:,} rows, "
-                             f"about {format_bytes(size)}\n")
+                             f"about {format_bytes(size)}{op_events_note(pattern, args)}\n")
     env = dist.detect()
     if args.nproc is not None or env is None:
         nproc = args.nproc or pattern.layout.world_size
@@ -183,6 +183,16 @@ def _gather_ops(pattern: Pattern, replayer: Any, backend: Any,
     finally:
         replayer.op_file.close()
     return path, error
+
+
+def op_events_note(pattern: Pattern, args: argparse.Namespace) -> str:
+    """--timing op on a GPU records one CUDA event per call (replay/timing.py CudaMarks, R14
+    of the GPU review): say how many a rank creates up front, as they cost creation time and
+    memory; nothing on CPUs or for MPI (host clock)."""
+    if args.device == "cpu" or args.backend not in ("torch", "nccl"):
+        return ""
+    events = max(pattern.calls_per_inference(s) for s in range(pattern.layout.pp)) + 1
+    return f"; on a GPU, {events:,} CUDA events a rank (one per call), created before the run"
 
 
 def check_ops_size(pattern: Pattern, args: argparse.Namespace) -> tuple[int, int]:
