@@ -133,6 +133,11 @@ def _barrier(real: Any, dist: Any, streams: Streams, cuda: Any) -> Any:
     return barrier
 
 
+def dist_barrier() -> None:
+    import torch.distributed.distributed_c10d as c10d
+    c10d.barrier()
+
+
 def _destroy(real: Any) -> Any:
     @functools.wraps(real)
     def destroy(group: Any = None) -> None:
@@ -141,6 +146,10 @@ def _destroy(real: Any) -> Any:
             raise AssertionError(
                 f"destroy_process_group would block: {len(alive)} live CUDA graph(s) captured "
                 "its collectives (ProcessGroupNCCL shutdown -> NCCL commDestroySync)")
+        if group is None and _State.nccl:
+            # the stand-in's own need, not NCCL's: rank 0 serves the store its peers' gloo
+            # teardown still talks to, so no rank leaves before all have come here
+            dist_barrier()
         real(group) if group is not None else real()
         if group is None:
             _State.nccl = False
