@@ -199,9 +199,9 @@ def _price_lanes(lanes: Any, shape: Shape, topology: Topology, budget: Budget,
     need = MemoryNeed(weights, cache, activation_bytes(model, layout.tp, dtype,
                                                        hardware.step_tokens))
     notes = [*sorted(topology.notes),
-             f"--requests over dp x pp = {layout.dp * layout.pp} lanes: requests routed "
-             f"{lanes.routing} to the DP replicas, each replica's dealt to the pp batches it "
-             "keeps in flight; prefill and decode step are p90s over every request"]
+             f"--requests: requests routed {lanes.routing} to the DP replicas, each "
+             "replica's dealt to the pp batches it keeps in flight; prefill and decode step "
+             "are p90s over every request, end to end the longest batch's steps"]
     priced = Priced(shape, *comm, lanes_volume(lanes), False, "inter" in topology.used,
                     tuple(notes), need.weights, need.kv_cache, need.activations,
                     hardware.memory_limit is None or need.total <= hardware.memory_limit,
