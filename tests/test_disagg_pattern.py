@@ -142,6 +142,25 @@ def test_sliding_window_layers_clipped_gpt_oss():
     assert d.decode_memory[1] == 18 * 1128 * 512 + 18 * 144 * 512
 
 
+def test_sliding_window_blocks_the_decode_side_allocates():
+    # The decode side allocates, for N external tokens, only the sliding group's blocks
+    # inside the window: (N - 128 + 1) // 16 leading blocks are null padding
+    # (single_type_kv_cache_manager.py:1057-1083, 256-276, 305-328 @ c8109375), left out
+    # of the local list (kv_cache_manager.py:98-108), and the remote list is trimmed to it
+    # (base_worker.py:2416-2422). gpt-oss-120b TP4 (18 regions, 2 heads of 8,192-byte blocks):
+    oss = resolve_model("gpt-oss-120b")
+    # N = 1024: 64 full blocks; sliding 64 - 897 // 16 = 64 - 56 = 8 (not the 9 offered):
+    # 18 x (64 + 8) = 1,296 descriptors a pair.
+    assert pairs(transfer(oss, "prefill=tp4,decode=tp4", prompt=1024))[0][5] == 1_296
+    # N = 1025: 65 full; sliding min(9, 65 - 898 // 16) = min(9, 9) = 9: 18 x 74 = 1,332.
+    assert pairs(transfer(oss, "prefill=tp4,decode=tp4", prompt=1025))[0][5] == 1_332
+    # N = 143: 9 full; sliding 9 - 16 // 16 = 8: 18 x 17 = 306. cda19ecf reads the same
+    # blocks, K and V apart: 2 x 306.
+    assert pairs(transfer(oss, "prefill=tp4,decode=tp4", prompt=143))[0][5] == 306
+    assert pairs(transfer(oss, "prefill=tp4,decode=tp4", prompt=143,
+                          version="cda19ecf"))[0][5] == 612
+
+
 def test_sliding_layers_read_from_config():
     # tests/data/configs/gpt-oss-20b: 24 layer_types alternating sliding_attention (window
     # 128) and full_attention: 12 of each, one group of 12 each, 12 regions (the fewest, 12,

@@ -28,7 +28,8 @@ with NIXL (the connector is `SupportsHMA`, nixl/connector.py:79 @ c8109375; conf
 layers slide included, base_scheduler.py:83-89): the request's blocks of a sliding-window
 group are cut to the last cdiv(window, block_size) + 1 (`blocks_per_sw`,
 nixl/base_scheduler.py:122-135, clipped at 266-267; cda19ecf: nixl/scheduler.py:117,
-128-148). The manager's groups (`_get_kv_cache_groups_uniform_page_size`,
+128-148), and to the blocks inside the window the decode side allocates
+(`sliding_blocks_read`). The manager's groups (`_get_kv_cache_groups_uniform_page_size`,
 v1/core/kv_cache_utils.py:1198-1246): group size the fewest layers of one attention type
 (the most when under 1.5 x the fewest), each type in cdiv(its layers, group size) groups;
 layers of different groups share one tensor, so a region is one of group-size tensors and
@@ -131,7 +132,29 @@ class CacheGroups:
     def blocks(self, tokens: int, block: int) -> int:
         """Blocks of one request read in each region: every group's, sliding ones clipped."""
         whole = -(-tokens // block)
-        return sum(min(whole, -(-w // block) + 1) if w else whole for w in self.windows)
+        return sum(sliding_blocks_read(tokens, w, block) if w else whole for w in self.windows)
+
+
+def sliding_blocks_read(tokens: int, window: int, block: int) -> int:
+    """Blocks of a sliding-window group the decode side reads for a prompt of `tokens`.
+
+    The prefill side offers the last cdiv(window, block) + 1 blocks (`blocks_per_sw`,
+    nixl/base_scheduler.py:133-135, clipped at 266-267 @ c8109375). The decode side
+    allocates for its `tokens` external tokens only the blocks inside the window: the
+    first (tokens - window + 1) // block are null padding (`get_num_skipped_tokens`,
+    v1/core/single_type_kv_cache_manager.py:1057-1083; `add_local_computed_blocks`,
+    256-276; `allocate_external_computed_blocks`, 305-328), which
+    `get_unhashed_block_ids_all_groups` leaves out (v1/core/kv_cache_manager.py:98-108;
+    clipped in `update_state_after_alloc`, nixl/pull_scheduler.py:153-160), and the read
+    trims the remote list to the local one's length from the end (`_apply_prefix_caching`,
+    base_worker.py:2416-2422). So a window of 128 in blocks of
+    16 reads 9 blocks of a 1000-token prompt but 8 of a 1024-token one (its last 127
+    tokens fill blocks 56-63 exactly). cda19ecf reads the same: the null padding in
+    `allocate_new_computed_blocks` (v1/core/single_type_kv_cache_manager.py:176-210 @
+    cda19ecf) and the trim in `_read_blocks` (nixl/worker.py:2072-2079 @ cda19ecf).
+    """
+    skipped = max(0, tokens - window + 1) // block
+    return min(-(-window // block) + 1, -(-tokens // block) - skipped)
 
 
 def cache_groups(model: ModelConfig) -> CacheGroups:
