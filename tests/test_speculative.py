@@ -78,10 +78,11 @@ def test_deepseek_v3_mtp_k1(tp, shard, step_bytes, per_token):
 
 
 @pytest.mark.parametrize("tp, shard, step_bytes, per_token", [
-    # Llama-3.1-8B: h 4096, 32 layers, vocab 128256. A verify step: T = 1 + 3 = 4 (capture
-    # size 4). Target: 1 + 2 x 32 = 65 all-reduces [4, 4096] + logits all-gather [4, V/tp].
-    # EAGLE head (one Llama layer): pass 0 over the step's 4 tokens; passes 1 and 2 over
-    # B = 1 token padded to the smallest capture size, 4: each pass embed, o_proj and
+    # Llama-3.1-8B: h 4096, 32 layers, vocab 128256, Model Runner V1 (--model-runner v1).
+    # A verify step: T = 1 + 3 = 4 (capture size 4). Target: 1 + 2 x 32 = 65 all-reduces
+    # [4, 4096] + logits all-gather [4, V/tp]. EAGLE head (one Llama layer): pass 0 over the
+    # step's 4 tokens; passes 1 and 2 over B = 1 token padded to the smallest capture size,
+    # 4 (V1's sizes are rounded to multiples of 1 + k): each pass embed, o_proj and
     # down_proj all-reduces [4, 4096] + logits all-gather [1, V/tp].
     # All-reduces: 65 + 3 x 3 = 74 of 4 x 4096 x 2 B = 32,768 B -> 2,424,832 B.
     # TP4: shard 32064: target 4 x 32064 x 2 = 256,512; drafter 3 x 64,128 = 192,384
@@ -91,8 +92,11 @@ def test_deepseek_v3_mtp_k1(tp, shard, step_bytes, per_token):
     # TP8: shard 16032: 128,256 + 3 x 32,064 = 96,192 -> 2,649,280 B; x 4 / 8 = 1,324,640.
     (8, 16032, 2_649_280, 1_324_640),
 ])
-def test_llama_eagle_k3(tp, shard, step_bytes, per_token):
-    p, steps, step, graph = verify_step("llama-3.1-8b", EAGLE3, 2.5, tp)
+def test_llama_eagle_k3_model_runner_v1(tp, shard, step_bytes, per_token):
+    s = parse_spec(EAGLE3, 2.5, None)
+    p = workload_pattern("vllm", resolve_model("llama-3.1-8b"), Layout(tp=tp),
+                         [Request(0, 16, 9)], None, EngineOptions(model_runner="v1"), None, s)
+    step, graph, steps = p.segment_steps[1], p.step_graphs[1], p.schedule.segments[1].repeat
     assert (graph.tokens, graph.graph) == (4, "full")
     assert steps == 4  # ceil(8 / 2.5) = ceil(3.2) = 4 verify steps
     ars = [o for o in step.ops if o.kind == OpKind.ALLREDUCE]
@@ -103,6 +107,64 @@ def test_llama_eagle_k3(tp, shard, step_bytes, per_token):
     assert len(step.ops) == 78
     assert sum(o.bytes for o in step.ops) == step_bytes
     assert per_output_token(p) == per_token
+
+
+@pytest.mark.parametrize("tp, shard, step_bytes, per_token", [
+    # The same under Model Runner V2, Llama's default (speculative_v2.py @ c8109375): the
+    # verify step of T = 4 replays the FULL decode graph of 4 tokens, 1 request; the draft
+    # prefill takes that graph too (its logits [1, V/tp], the padded request count, 1); the
+    # draft decodes (passes 1, 2) take the plain size of B = 1: [1, 4096] all-reduces.
+    # All-reduces: 65 + 3 = 68 of 32,768 B + 6 of 1 x 4096 x 2 = 8,192 B -> 2,277,376 B.
+    # TP4: + 256,512 + 192,384 = 2,726,272 B; 4 steps / 8 tokens -> 1,363,136 B.
+    (4, 32064, 2_726_272, 1_363_136),
+    # TP8: + 128,256 + 96,192 = 2,501,824 B; x 4 / 8 = 1,250,912 B.
+    (8, 16032, 2_501_824, 1_250_912),
+])
+def test_llama_eagle_k3(tp, shard, step_bytes, per_token):
+    p, steps, step, graph = verify_step("llama-3.1-8b", EAGLE3, 2.5, tp)
+    assert p.options.model_runner == "v2"
+    assert (graph.tokens, graph.graph) == (4, "full")
+    assert steps == 4
+    ars = [o.shape for o in step.ops if o.kind == OpKind.ALLREDUCE]
+    assert ars == [(4, 4096)] * 68 + [(1, 4096)] * 6
+    gathers = [(o.tag, o.shape) for o in step.ops if o.kind == OpKind.ALLGATHER]
+    assert gathers == [("logits", (4, shard))] + [(f"draft.{i}.logits", (1, shard))
+                                                  for i in range(3)]
+    assert sum(o.bytes for o in step.ops) == step_bytes
+    assert per_output_token(p) == per_token
+
+
+@pytest.mark.parametrize("runner, k, batch, want", [
+    # k = 3, 3 requests: T = 12. V1's sizes are multiples of 4 ([4, 8, 16, ...]): FULL at
+    # 16; drafter pass 0 over 16 tokens with 3 logits rows, passes 1-2 over B = 3 padded
+    # to 4 tokens, 3 rows (eagle.py: compute_logits of the real requests).
+    ("v1", 3, 3, ((16, "full"), (16, 3), [(4, 3), (4, 3)])),
+    # V2: 12 is no capture size; the next, 16 (from size 16), holds a FULL decode graph of
+    # 16 / 4 = 4 requests: the draft prefill's logits carry 4 rows (padded); the draft
+    # decodes take the plain size 4 >= 3: 4 tokens, 4 rows inside their FULL graphs.
+    ("v2", 3, 3, ((16, "full"), (16, 4), [(4, 4), (4, 4)])),
+    # k = 2, 4 requests: T = 12. V1 rounds [1, 2, 4, 8, 16, 24, ...] to multiples of 3:
+    # [3, 6, 9, 18, 24, ...]: FULL at 18. V2: the decode graphs sit at 3, 6, 9, 18, 24, ...
+    # and the plain ones at 1, 2, 4, 8, 16, 24, ...: the smallest >= 12 is 16, a PIECEWISE
+    # graph only: the drafter's prefill gathers the 4 real rows; its one draft decode pads
+    # B = 4 to the plain size 4 (V1: to the rounded size 6, with 4 real rows).
+    ("v1", 2, 4, ((18, "full"), (18, 4), [(6, 4)])),
+    ("v2", 2, 4, ((16, "piecewise"), (16, 4), [(4, 4)])),
+])
+def test_model_runner_changes_spec_graphs(runner, k, batch, want):
+    s = parse_spec(f'{{"method": "eagle", "num_speculative_tokens": {k}}}', 2.0, None)
+    p = workload_pattern("vllm", resolve_model("llama-3.1-8b"), Layout(tp=2),
+                         [Request(0, 16, 9)] * batch, None,
+                         EngineOptions(model_runner=runner), None, s)
+    graph, step = p.step_graphs[1], p.segment_steps[1]
+    assert p.schedule.segments[1].shape.decode_seqs == batch
+    passes = []
+    for i in range(k):
+        tag = f"draft.{i}"
+        ar = next(o for o in step.ops if o.tag == f"{tag}.embed_tokens")
+        lg = next(o for o in step.ops if o.tag == f"{tag}.logits")
+        passes.append((ar.shape[0], lg.shape[0]))
+    assert ((graph.tokens, graph.graph), passes[0], passes[1:]) == want
 
 
 def test_capture_sizes_round_up_to_multiples_of_1_plus_k():

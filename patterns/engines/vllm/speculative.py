@@ -1,5 +1,6 @@
-"""Speculative decoding in vLLM V1: the target's verify steps and the drafter's passes (the
---speculative-config and a drafter's pass: `patterns/speculative.py`).
+"""Speculative decoding in vLLM V1 under Model Runner V1: the target's verify steps and the
+drafter's passes (the --speculative-config and a drafter's pass: `patterns/speculative.py`;
+Model Runner V2, the default for dense models: `speculative_v2.py`).
 
 `--speculative-config '{"method": "mtp"|"eagle"|"eagle3"|"ngram", "num_speculative_tokens": k}'`
 (vLLM's own flag and keys) and the mean tokens a verify step yields (`--acceptance-length`,

@@ -13,6 +13,7 @@ from patterns.engines.vllm import profile as vllm_profile
 from patterns.engines.vllm.rules import v1_capture_sizes, v1_defaults
 from patterns.engines.vllm.scheduler import schedule_vllm
 from patterns.engines.vllm.speculative import drafter_ops, spec_capture_sizes
+from patterns.engines.vllm.speculative_v2 import drafter_ops_v2, v2_graphs
 from patterns.layout import Layout
 from patterns.models import ModelConfig
 from patterns.ops import Op
@@ -35,6 +36,9 @@ def vllm_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request
                                       else v1_capture_sizes(max_seqs, budget))
     runner = options.model_runner or vllm_profile.default_model_runner(model)
     options = replace(options, model_runner=runner)
+    # Model Runner V2 under speculation picks its own graphs (speculative_v2.py).
+    v2 = (v2_graphs(max_seqs, budget, k) if spec is not None and runner == "v2"
+          and not options.eager else None)
     vllm_profile._check_kv_heads(model, layout.tp)
     schedule = schedule_vllm(requests, step_time_s, max_seqs, budget, k,
                              spec.acceptance_length if spec else 1.0,
@@ -48,12 +52,18 @@ def vllm_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request
         return tuple(vllm_profile.forward(st, tokens, 1))
 
     def step_ops(st: Stage, shape: StepShape) -> tuple[StepGraph, list[Op]]:
-        graph = padded(sizes, shape.tokens, uniform_decode=shape.prefill_seqs == 0)
+        padded_reqs = None
+        if v2 is not None:
+            graph, padded_reqs = v2.dispatch(shape.tokens, uniform=shape.prefill_seqs == 0)
+        else:
+            graph = padded(sizes, shape.tokens, uniform_decode=shape.prefill_seqs == 0)
         ops = list(model_ops(st, graph.tokens))
         if ops and ops[-1].tag == "logits":  # R rows: every scheduled request's (verify) rows
             rows, shard = logit_rows(shape), ops[-1].shape[1]
             ops[-1] = replace(ops[-1], shape=(rows, shard), out_shape=(rows, shard * st.tp))
-        if spec is not None:
+        if v2 is not None and spec is not None:
+            ops += drafter_ops_v2(st, spec, shape, graph, padded_reqs, v2)
+        elif spec is not None:
             ops += drafter_ops(st, spec, shape, graph.tokens, sizes)
         return graph, ops
 
