@@ -241,6 +241,30 @@ def test_sglang_nixl_per_page_not_runs():
     assert pairs(moon)[0][5:] == (160, 16 * 16_384)
 
 
+def test_sglang_pages_on_the_b200():
+    # SGLang on SM100 picks trtllm_mha for MHA models and trtllm_mla for DeepSeek V3, which
+    # force pages of 64 (server_args.py:4882-4890, overrides.py:403-411, 1704-1712,
+    # 1732-1741 @ 8905cbd4); elsewhere pages of 1 (overrides.py:1917-1936).
+    llama8 = resolve_model("llama-3.1-8b")
+    t = transfer(llama8, "prefill=tp4,decode=tp4", "sglang", "nixl", gpu="b200")
+    # 1000 tokens in ceil(1000 / 64) = 16 pages; NIXL one descriptor a page, layer and K/V:
+    # 32 x 2 x 16 = 1,024 of 64 tokens x 2 heads x 128 x 2 bytes = 32,768 a pair; whole
+    # pages move, 4 x 1,024 x 32,768 = 134,217,728 bytes (1,024 slots, not 1,000).
+    assert (t.prefill.block_tokens, t.backend) == (64, "trtllm_mha")
+    assert pairs(t)[0][5:] == (1_024, 32_768) and t.total_bytes == 134_217_728
+    assert transfer(llama8, "prefill=tp4,decode=tp4", "sglang", "nixl").prefill.block_tokens == 1
+    # DeepSeek-V3, Mooncake: one run of the 16 pages a layer: 61 of 16 x 64 x 1,152 bytes.
+    moon = transfer(DSV3, "prefill=tp8,decode=tp8", "sglang", "mooncake", gpu="b200")
+    assert moon.backend == "trtllm_mla" and pairs(moon)[0][5:] == (61, 16 * 64 * 1_152)
+    # Given pages: those the backend takes are kept, others refused (SGLang makes them 64).
+    assert transfer(llama8, "prefill=tp4,decode=tp4", "sglang", gpu="b200",
+                    block=16).prefill.block_tokens == 16
+    with pytest.raises(ConfigError, match="takes pages of 32, 64 tokens"):
+        transfer(DSV3, "prefill=tp8,decode=tp8", "sglang", gpu="b200", block=16)
+    with pytest.raises(ConfigError, match="takes pages of 16, 32, 64 tokens"):
+        transfer(llama8, "prefill=tp4,decode=tp4", "sglang", gpu="b200", block=1)
+
+
 def test_sglang_head_map_where_decode_replicates():
     # Prefill TP4 (2 heads a rank) -> decode TP16 (1 head a rank, replication 16 / 8 = 2).
     # Mooncake: decode rank d takes head (d // 2) x 1 mod 2 of prefill rank d // 4

@@ -33,7 +33,7 @@ def add_disagg_arguments(group: argparse._ArgumentGroup) -> None:
                        help="with --disagg: tokens a KV block (vllm --block-size, sglang "
                             "--page-size; default the engine's: vllm 16, for MLA the "
                             "attention backend's (h100/h200: 16, fp8 cache 64; b200: 32); "
-                            "sglang 1)")
+                            "sglang 1, on the b200 64)")
 
 
 def refuse_workload_with_disagg(args: argparse.Namespace) -> None:

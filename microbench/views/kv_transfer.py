@@ -110,8 +110,10 @@ def _cache_notes(d: DisaggPattern) -> list[str]:
     t, model = d.transfer, d.decode.model
     notes = []
     if t.backend:
-        notes.append(f"blocks of {t.prefill.block_tokens} tokens: vLLM's {t.backend} attention "
-                     f"backend on the {d.decode.options.gpu}")
+        unit, engine = (("blocks", "vLLM") if t.connector.engine == "vllm" else
+                        ("pages", "SGLang"))
+        notes.append(f"{unit} of {t.prefill.block_tokens} tokens: {engine}'s {t.backend} "
+                     f"attention backend on the {d.decode.options.gpu}")
     if t.connector.engine == "vllm" and model.sliding_window and model.sliding_layers:
         kept = -(-model.sliding_window // t.prefill.block_tokens) + 1
         notes.append(f"hybrid KV cache manager: {t.prefill.layers} tensors a rank shared by the "

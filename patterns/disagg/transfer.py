@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from patterns.disagg.kvcache import SideCache, is_mla, side_cache
 from patterns.disagg.layouts import Connector, DisaggLayout
-from patterns.engines.sglang.disagg_connectors import chunk_tokens, sglang_writes
+from patterns.engines.sglang.disagg_connectors import chunk_tokens, page_size, sglang_writes
 from patterns.engines.vllm.nixl_connector import (
     cache_groups,
     mla_block_size,
@@ -65,7 +65,7 @@ class KVTransfer:
     pairs: tuple[Pair, ...]
     when: str
     chunks: tuple[int, ...] = ()  # blocks (pages) each transfer carries; () : one transfer
-    backend: str = ""  # the attention backend that set the block size (vLLM MLA)
+    backend: str = ""  # the attention backend that set the block size (vLLM MLA, SGLang b200)
 
     @property
     def direction(self) -> str:
@@ -150,7 +150,7 @@ def block_size_of(model: ModelConfig, engine: str, gpu: str = "h100",
     """The engine's default tokens a block (vLLM) or page (SGLang)."""
     if engine == "vllm":
         return mla_block_size(gpu, kv_cache_dtype, None)[0] if is_mla(model) else 16
-    return 1
+    return page_size(gpu, is_mla(model), model.model_type, None)[0]
 
 
 WHEN = {
@@ -182,6 +182,8 @@ def plan_transfer(model: ModelConfig, disagg: DisaggLayout, connector: Connector
     backend = ""
     if engine == "vllm" and mla:
         block, backend = mla_block_size(gpu, kv_cache_dtype, block_tokens)
+    elif engine == "sglang":
+        block, backend = page_size(gpu, mla, model.model_type, block_tokens)
     else:
         block = block_tokens if block_tokens is not None else block_size_of(model, engine)
     ratio = tp_ratio(disagg.prefill.tp, disagg.decode.tp)
@@ -210,4 +212,4 @@ def plan_transfer(model: ModelConfig, disagg: DisaggLayout, connector: Connector
     chunks = tuple(-(-n // block) for n in chunk_tokens(prompt, chunk or prompt, block))
     return KVTransfer(connector, prompt, p, d, granularity,
                       tuple(Pair(*w) for w in writes), WHEN[engine],
-                      chunks if len(chunks) > 1 else ())
+                      chunks if len(chunks) > 1 else (), backend)

@@ -28,7 +28,41 @@ contiguous and a run of heads is contiguous only within one token.
   A100, 16384 on B200; `--max-batched-tokens` here) is sent once computed (`send_kv_chunk`,
   prefill.py:1051-1090; a partial last page waits for the next chunk, line 1069-1071): one
   transfer a chunk; Mooncake's runs are per chunk.
+- Pages: of 1 token but on the b200, where the attention backend SGLang picks forces 64
+  (`page_size`). A request moves whole pages, its last one's padding included.
 """
+
+from patterns.errors import ConfigError
+
+# SGLang's page size when --page-size is not given (`_page_size_default`,
+# arg_groups/overrides.py:1917-1936 @ 8905cbd4: 1 on CUDA), unless the attention backend it
+# picks snaps it (`_mla_backend_page_constraints`, overrides.py:1682-1744). On SM100 (the
+# b200) that backend is trtllm_mha for MHA models (`_get_default_attn_backend`,
+# server_args.py:4882-4890; gpt-oss too, overrides.py:577-584), which takes pages of 16, 32
+# or 64 and makes any other 64 (overrides.py:1732-1741), and trtllm_mla for the DeepSeek V3
+# family (`_deepseek_family_overrides`, overrides.py:403-411), pages of 32 or 64, else 64
+# (overrides.py:1704-1712); other MLA models get flashinfer there (server_args.py:4904-4905).
+# SM90 runs fa3 (MHA and MLA, server_args.py:4875-4881, 4902-4903) and SM80 flashinfer,
+# triton for MLA or attention sinks (server_args.py:4895-4899, 4915-4916): pages of 1.
+_SM100_PAGES = {"trtllm_mha": (16, 32, 64), "trtllm_mla": (32, 64)}
+
+
+def page_size(gpu: str, mla: bool, model_type: str, requested: int | None
+              ) -> tuple[int, str]:
+    """(tokens a page, the attention backend that forces it, or "") SGLang runs with on
+    `gpu`; refuses a --kv-block-size (--page-size) that backend would change."""
+    if gpu != "b200" or (mla and model_type != "deepseek_v3"):
+        return (requested or 1), ""
+    backend = "trtllm_mla" if mla else "trtllm_mha"
+    takes = _SM100_PAGES[backend]
+    if requested is None:
+        return 64, backend
+    if requested not in takes:
+        raise ConfigError(f"--kv-block-size {requested}: SGLang's {backend} attention backend on "
+                          f"the b200 takes pages of {', '.join(map(str, takes))} tokens (it "
+                          f"would make it 64); use one of them")
+    return requested, backend
+
 
 def sglang_writes(kv_heads: int, mla: bool, prefill_tp: int, decode_tp: int, ratio: int,
                   connector: str) -> list[tuple[int, int, int, int, int, bool]]:
