@@ -376,3 +376,25 @@ def test_eagle3_draft_vocabulary_from_its_config_or_given(tmp_path):
     with pytest.raises(ConfigError, match=r"is not a local config\.json"):
         parse_spec('{"method": "eagle3", "num_speculative_tokens": 2, '
                    '"model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}', 2.0, None)
+
+
+@pytest.mark.parametrize("prompt, graph, rows", [
+    # pad_spec_decode (v1/core/sched/scheduler.py:864-897 @ c8109375), EAGLE k = 3: A
+    # (prompt 16, output 9) decodes from step 1; B arrives at 10 ms = clock step 1.
+    # B's prompt of 1 token, admitted beside A's decode and no running prompt chunk, is
+    # scheduled as 1 + 3 = 4 tokens: T = 4 + 4 = 8, a uniform decode: Model Runner V2's FULL
+    # graph at 8 (2 requests); logits for 4 + 4 = 8 rows.
+    (1, (8, "full"), 8),
+    # A 2-token prompt is not padded: T = 4 + 2 = 6, a mixed batch: the graphs at 8 are a
+    # FULL decode one (incompatible) and a PIECEWISE one: piecewise at 8; logits 4 + 1 rows.
+    (2, (8, "piecewise"), 5),
+])
+def test_one_token_prompt_padded_to_a_verify(prompt, graph, rows):
+    s = parse_spec(EAGLE3, 2.0, None)
+    p = workload_pattern("vllm", resolve_model("llama-3.1-8b"), Layout(tp=2),
+                         [Request(0, 16, 9), Request(0.01, prompt, 3)], None,
+                         EngineOptions(), 0.01, s)
+    step1 = p.step_graphs[1]
+    assert (step1.tokens, step1.graph) == graph
+    logits = next(o for o in p.segment_steps[1].ops if o.tag == "logits")
+    assert logits.shape[0] == rows

@@ -26,6 +26,9 @@ class StepShape:
     decode_seqs: int  # requests decoding (verifying 1 + k tokens each with speculation)
     decode_tokens: int  # tokens of each decoding request: 1, or 1 + k
     samples: int  # requests that sample: prompts finished here, and the decodes
+    # Of the prefill requests, 1-token prompts vLLM pads to 1 + k tokens (pad_spec_decode:
+    # patterns/engines/vllm/scheduler.py); their tokens are in prefill_tokens.
+    padded_prompts: int = 0
 
     @property
     def tokens(self) -> int:

@@ -106,5 +106,7 @@ def build_pattern(engine: str, model: ModelConfig, layout: Layout, requests: Seq
 
 
 def logit_rows(shape: StepShape) -> int:
-    """Rows the step computes logits for: one per prefill request, 1 + k per decode."""
-    return shape.prefill_seqs + shape.decode_seqs * shape.decode_tokens
+    """Rows the step computes logits for: one per prefill request, 1 + k per decode (and per
+    1-token prompt padded to 1 + k, which is verified as a decode)."""
+    padded = shape.padded_prompts
+    return shape.prefill_seqs - padded + (shape.decode_seqs + padded) * shape.decode_tokens

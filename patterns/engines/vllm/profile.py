@@ -356,7 +356,7 @@ def vllm_v1(model: ModelConfig, layout: Layout, workload: Workload,
     _check_kv_heads(model, layout.tp)
     _check_moe_backend(model, layout, options)
     runner = options.model_runner or default_model_runner(model)
-    options = replace(options, model_runner=runner)
+    options = replace(options, model_runner=runner, async_scheduling=async_scheduling(options))
     counts = stage_layer_counts(model.num_hidden_layers, layout.pp)
     if layout.dp > 1 and model.is_moe:
         replicas = _dp_replicas(model, layout, workload, options, runner)

@@ -33,6 +33,12 @@ tokens are thrown away (`AsyncScheduler._update_after_schedule`, `async_schedule
 skipped) issues no calls (`v1/worker/gpu/model_runner.py` returns at once on 0 tokens) and
 takes no clock here; its update frees the slots and the next schedule admits.
 
+pad_spec_decode (`scheduler.py:864-897, 1076-1079` @ c8109375): with speculative decoding,
+a WAITING request whose prompt is one token, admitted while RUNNING decodes were scheduled
+and no RUNNING prompt chunk, is given 1 + k tokens (k placeholder drafts) so the step stays
+a uniform decode; it is left waiting rather than scheduled unpadded when the budget has no
+1 + k tokens left. Its logits are then taken for 1 + k rows, as a verify's.
+
 Not modelled (each refused or said): prefix caching (hash_ids of traces ignored: every prompt
 token is computed), preemption for KV-cache space (the cache is taken to be large enough),
 long_prefill_token_threshold (0 by default: no cap), and the priority policy.
@@ -129,12 +135,21 @@ def schedule_vllm(requests: Sequence[Request], step_time_s: float | None, max_nu
             # Every slot is held by a finished request: this schedule is empty, its update
             # frees them, and the next schedule (the same issued step) admits.
             running -= held
+        # pad_spec_decode: with running decodes and no running prompt chunk, a 1-token
+        # prompt is scheduled as 1 + k tokens, keeping the batch a uniform decode.
+        pad_spec = spec_tokens > 0 and bool(decoders) and partial is None
+        padded = 0
         while waiting and budget > 0 and running < max_num_seqs:  # then WAITING, FCFS
-            r = waiting.popleft()
+            r = waiting[0]
+            pads = pad_spec and requests[r].prompt == 1
+            if pads and per_decode > budget:
+                break  # "Prefer to not schedule than schedule un-padded here."
+            waiting.popleft()
             spans[r].waited_steps += i
             running += 1
-            take = min(requests[r].prompt, budget)
-            chunks.append((r, take, requests[r].prompt - take))
+            take = per_decode if pads else min(requests[r].prompt, budget)
+            chunks.append((r, take, 0 if pads else requests[r].prompt - take))
+            padded += pads
             budget -= take
         # Equal decode-only steps follow until a request ends or one arrives (it might join).
         repeat = 1
@@ -144,7 +159,7 @@ def schedule_vllm(requests: Sequence[Request], step_time_s: float | None, max_nu
                 repeat = min(repeat, arrivals[nxt] - clock)
         done = sum(1 for _, _, left in chunks if not left)
         shape = StepShape(sum(take for _, take, _ in chunks), len(chunks), len(decoders),
-                          per_decode, done + len(decoders))
+                          per_decode, done + len(decoders), padded)
         start = out.add(shape, repeat)
         partial = None
         for r, _, left in chunks:

@@ -35,15 +35,15 @@ def vllm_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request
     sizes = [] if options.eager else (spec_capture_sizes(max_seqs, budget, k) if spec
                                       else v1_capture_sizes(max_seqs, budget))
     runner = options.model_runner or vllm_profile.default_model_runner(model)
-    options = replace(options, model_runner=runner)
+    async_on = vllm_profile.async_scheduling(options, spec.method if spec else "")
+    # The pattern records the modes it was built in, not None for "the engine's default".
+    options = replace(options, model_runner=runner, async_scheduling=async_on)
     # Model Runner V2 under speculation picks its own graphs (speculative_v2.py).
     v2 = (v2_graphs(max_seqs, budget, k) if spec is not None and runner == "v2"
           and not options.eager else None)
     vllm_profile._check_kv_heads(model, layout.tp)
     schedule = schedule_vllm(requests, step_time_s, max_seqs, budget, k,
-                             spec.acceptance_length if spec else 1.0,
-                             vllm_profile.async_scheduling(options,
-                                                           spec.method if spec else ""))
+                             spec.acceptance_length if spec else 1.0, async_on)
 
     @cache
     def model_ops(st: Stage, tokens: int) -> tuple[Op, ...]:
@@ -52,11 +52,13 @@ def vllm_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request
         return tuple(vllm_profile.forward(st, tokens, 1))
 
     def step_ops(st: Stage, shape: StepShape) -> tuple[StepGraph, list[Op]]:
+        # Uniform: every request 1 (+ k) tokens; a padded 1-token prompt counts as a decode.
+        uniform = shape.prefill_seqs == shape.padded_prompts
         padded_reqs = None
         if v2 is not None:
-            graph, padded_reqs = v2.dispatch(shape.tokens, uniform=shape.prefill_seqs == 0)
+            graph, padded_reqs = v2.dispatch(shape.tokens, uniform=uniform)
         else:
-            graph = padded(sizes, shape.tokens, uniform_decode=shape.prefill_seqs == 0)
+            graph = padded(sizes, shape.tokens, uniform_decode=uniform)
         ops = list(model_ops(st, graph.tokens))
         if ops and ops[-1].tag == "logits":  # R rows: every scheduled request's (verify) rows
             rows, shard = logit_rows(shape), ops[-1].shape[1]
