@@ -265,6 +265,36 @@ def test_sglang_pages_on_the_b200():
         transfer(llama8, "prefill=tp4,decode=tp4", "sglang", gpu="b200", block=1)
 
 
+def test_sglang_gpt_oss_sliding_layers_send_their_window():
+    # SGLang's hybrid SWA pool (model_config.py:1903-1963, swa_memory_pool.py:127-142 @
+    # 8905cbd4): gpt-oss's 18 full layers move every page; its 18 sliding layers, with the
+    # last chunk, the pages of tokens [1000 - 127, 1000) (window sliding_window - 1 = 127,
+    # gpt_oss.py:119-120; prefill.py:1102-1114) as one run a layer and K/V, a transfer of
+    # their own. TP4: 2 heads of 64 x 2 bytes = 256 bytes a token.
+    oss = resolve_model("gpt-oss-120b")
+    moon = transfer(oss, "prefill=tp4,decode=tp4", "sglang", "mooncake")
+    # Mooncake: 36 runs of 1000 x 256 = 256,000 and 36 of 127 x 256 = 32,512 bytes a pair:
+    # 9,216,000 + 1,170,432 = 10,386,432; 4 pairs 41,545,728 (every page of every layer
+    # would be 73,728,000).
+    assert moon.descriptor_groups(moon.pairs[0]) == [(36, 256_000), (36, 32_512)]
+    assert moon.total_bytes == 4 * 10_386_432 == 41_545_728 and moon.transfers == 2
+    # NIXL: the full layers one descriptor a page (18 x 2 x 1000 = 36,000 of 256 bytes),
+    # the window in runs (nixl/conn.py:2055-2090, 1362-1470): the same bytes.
+    nixl = transfer(oss, "prefill=tp4,decode=tp4", "sglang", "nixl")
+    assert nixl.descriptor_groups(nixl.pairs[0]) == [(36_000, 256), (36, 32_512)]
+    assert nixl.total_bytes == 41_545_728
+    # The window's first run: the buffer's layer 18 (the first sliding one), K, token 873:
+    # ((18 x 2 + 0) x 1000 + 873) x 256 = 9,439,488 bytes in on both sides.
+    runs = [x for x in moon.descriptors(moon.pairs[0]) if x[2] == 32_512]
+    assert len(runs) == 36 and runs[0] == (9_439_488, 9_439_488, 32_512)
+    # b200 pages of 64: the window starts at 873 cut to 832 = page 13 of 16: 3 pages.
+    b200 = transfer(oss, "prefill=tp4,decode=tp4", "sglang", "nixl", gpu="b200")
+    assert b200.descriptor_groups(b200.pairs[0]) == [(576, 16_384), (36, 3 * 16_384)]
+    # Different tp: SGLang raises (mooncake/conn.py:1049-1057, nixl/conn.py:2061-2064).
+    with pytest.raises(ConfigError, match="different prefill and decode tp"):
+        transfer(oss, "prefill=tp4,decode=tp8", "sglang", "mooncake")
+
+
 def test_sglang_head_map_where_decode_replicates():
     # Prefill TP4 (2 heads a rank) -> decode TP16 (1 head a rank, replication 16 / 8 = 2).
     # Mooncake: decode rank d takes head (d // 2) x 1 mod 2 of prefill rank d // 4

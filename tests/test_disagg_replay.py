@@ -135,6 +135,21 @@ def test_torch_send_recv_packs_each_pair(tmp_path):
         ("torch", 32_768, 0)
 
 
+def test_torch_moves_sglang_sliding_window_runs(tmp_path):
+    # gpt-oss-20b (tests/data/configs: 24 layers, 12 sliding of window 128, 8 KV heads of
+    # 64, bf16: 1,024 bytes a token a layer for K, the same for V) on SGLang, prompt 200:
+    # the 12 full layers move 200 tokens, the 12 sliding ones tokens [200 - 127, 200) in
+    # runs of their own (descriptors of two sizes, gathered slice by slice):
+    # 12 x 2 x 200 x 1,024 + 12 x 2 x 127 x 1,024 = 4,915,200 + 3,121,152 = 8,036,352.
+    proc, _ = infercomm("replay", "--model", "tests/data/configs/gpt-oss-20b", "--engine",
+                        "sglang", "--disagg", "prefill=tp1,decode=tp1", "--prompt", "200",
+                        "--decode", "4", "-n", "2", "-w", "1", "--check", "--backend", "torch",
+                        "--kv-transport", "torch", "--out", str(tmp_path / "runs"))
+    assert proc.returncode == 0, proc.stderr
+    last = last_json(proc.stdout)
+    assert (last["kv_transfer_bytes"], last["wrong"]) == (8_036_352, 0)
+
+
 @needs_mpi
 @pytest.mark.mpi
 def test_compare_and_report_of_two_kv_transports(tmp_path):

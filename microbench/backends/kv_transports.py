@@ -167,7 +167,7 @@ class TorchP2P:
         import torch
         import torch.distributed as dist
         self.torch, self.dist = torch, dist
-        self.ops: list[tuple[str, int, int, np.ndarray, int, np.ndarray]] = []
+        self.ops: list[tuple[str, int, int, Any, int, np.ndarray]] = []
 
     def allocate(self, nbytes: int) -> np.ndarray:
         self.buffer = np.zeros(nbytes, dtype=np.uint8)
@@ -178,29 +178,42 @@ class TorchP2P:
             if not pd.length.size:
                 continue
             local, _ = role.local_remote(pd)
-            size = int(pd.length[0])  # a pair's descriptors are all alike
+            way = "send" if role.side == "prefill" else "recv"
+            size = int(pd.length[0])
             if (local % size).any() or (pd.length != size).any() or buffer.size % size:
-                raise ValueError("torch transport: descriptors not aligned to their size")
+                # Descriptors of several sizes (SGLang's chunks, its sliding-window runs),
+                # or not on a multiple of their size: gathered one slice at a time.
+                spans = [(int(o), int(n)) for o, n in zip(local, pd.length, strict=True)]
+                staging = np.empty(int(pd.length.sum()), dtype=np.uint8)
+                self.ops.append((way, role.peer(pd), pd.index, spans, 0, staging))
+                continue
             rows = (local // size).astype(np.int64)
             staging = np.empty((rows.size, size), dtype=np.uint8)
-            way = "send" if role.side == "prefill" else "recv"
             self.ops.append((way, role.peer(pd), pd.index, rows, size, staging))
 
     def transfer(self) -> None:
         requests, unpack = [], []
         for way, peer, tag, rows, size, staging in self.ops:
-            view = self.buffer.reshape(-1, size)
             tensor = self.torch.from_numpy(staging)
             if way == "send":
-                np.take(view, rows, axis=0, out=staging)
+                if size:
+                    np.take(self.buffer.reshape(-1, size), rows, axis=0, out=staging)
+                else:
+                    np.concatenate([self.buffer[o:o + n] for o, n in rows], out=staging)
                 requests.append(self.dist.isend(tensor, dst=peer, tag=tag))
             else:
                 requests.append(self.dist.irecv(tensor, src=peer, tag=tag))
-                unpack.append((view, rows, staging))
+                unpack.append((rows, size, staging))
         for request in requests:
             request.wait()
-        for view, rows, staging in unpack:
-            view[rows] = staging
+        for rows, size, staging in unpack:
+            if size:
+                self.buffer.reshape(-1, size)[rows] = staging
+                continue
+            at = 0
+            for o, n in rows:
+                self.buffer[o:o + n] = staging[at:at + n]
+                at += n
 
     def clear(self) -> None:
         self.ops = []

@@ -119,8 +119,12 @@ def _cache_notes(d: DisaggPattern) -> list[str]:
         notes.append(f"hybrid KV cache manager: {t.prefill.layers} tensors a rank shared by the "
                      f"full and sliding-window groups; sliding-window groups "
                      f"({model.sliding_window} tokens) move their last {kept} blocks at most")
-    if t.transfers > 1:
-        notes.append(f"chunked prefill: {t.transfers} transfers of "
+    if t.swa_layers:
+        notes.append(f"SGLang's hybrid SWA pool: {t.swa_layers} sliding-window layers move the "
+                     f"window's last {t.swa_blocks} pages, one run a layer and K/V, in a "
+                     f"transfer of their own after the last chunk")
+    if t.chunks:
+        notes.append(f"chunked prefill: {len(t.chunks)} transfers of "
                      f"{', '.join(map(str, t.chunks))} pages (one a chunk)")
     return notes
 

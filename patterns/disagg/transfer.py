@@ -30,7 +30,12 @@ from dataclasses import dataclass
 
 from patterns.disagg.kvcache import SideCache, is_mla, side_cache
 from patterns.disagg.layouts import Connector, DisaggLayout
-from patterns.engines.sglang.disagg_connectors import chunk_tokens, page_size, sglang_writes
+from patterns.engines.sglang.disagg_connectors import (
+    chunk_tokens,
+    page_size,
+    sglang_writes,
+    swa_window,
+)
 from patterns.engines.vllm.nixl_connector import (
     cache_groups,
     mla_block_size,
@@ -66,6 +71,10 @@ class KVTransfer:
     when: str
     chunks: tuple[int, ...] = ()  # blocks (pages) each transfer carries; () : one transfer
     backend: str = ""  # the attention backend that set the block size (vLLM MLA, SGLang b200)
+    # SGLang's hybrid SWA pool: the buffer's last `swa_layers` layers move only their last
+    # `swa_blocks` pages, one run a layer and region, in a transfer of their own.
+    swa_layers: int = 0
+    swa_blocks: int = 0
 
     @property
     def direction(self) -> str:
@@ -73,24 +82,31 @@ class KVTransfer:
 
     @property
     def transfers(self) -> int:
-        """Transfers a rank pair issues for one request (a chunked prefill: one a chunk)."""
-        return max(len(self.chunks), 1)
+        """Transfers a rank pair issues for one request (a chunked prefill: one a chunk;
+        SGLang's sliding-window layers one more)."""
+        return max(len(self.chunks), 1) + (1 if self.swa_layers else 0)
 
     def descriptor_groups(self, pair: Pair) -> list[tuple[int, int]]:
-        """(descriptors, bytes each) of the pair: one group, or for runs of chunks of
-        different sizes, one a size."""
+        """(descriptors, bytes each) of the pair, one group a descriptor size."""
         if pair.dummy:
             return []
         p = self.prefill
         per_token = pair.heads * p.head_bytes
-        if self.granularity == BLOCK:
-            return [(p.layers * p.regions * p.blocks, per_token * p.block_tokens)]
-        if self.granularity == TOKEN:
-            return [(p.layers * p.regions * p.blocks * p.block_tokens, per_token)]
+        layers = p.layers - self.swa_layers
         sizes: dict[int, int] = {}
-        for pages in self.chunks or (p.blocks,):
-            size = pages * p.block_bytes
-            sizes[size] = sizes.get(size, 0) + p.layers * p.regions
+
+        def add(count: int, size: int) -> None:
+            sizes[size] = sizes.get(size, 0) + count
+
+        if self.granularity == BLOCK:
+            add(layers * p.regions * p.blocks, per_token * p.block_tokens)
+        elif self.granularity == TOKEN:
+            add(layers * p.regions * p.blocks * p.block_tokens, per_token)
+        else:
+            for pages in self.chunks or (p.blocks,):
+                add(layers * p.regions, pages * p.block_bytes)
+        if self.swa_layers:
+            add(self.swa_layers * p.regions, self.swa_blocks * p.block_bytes)
         return [(n, size) for size, n in sizes.items()]
 
     def descriptor_count(self, pair: Pair) -> int:
@@ -113,23 +129,30 @@ class KVTransfer:
         if pair.dummy:
             return
         p, d = self.prefill, self.decode
+        layers = p.layers - self.swa_layers
         if self.granularity == RUN:
             first = 0
             for pages in self.chunks or (p.blocks,):
-                for layer in range(p.layers):
+                for layer in range(layers):
                     for region in range(p.regions):
                         yield (p.offset(layer, region, first, 0), d.offset(layer, region, first, 0),
                                pages * p.block_bytes)
                 first += pages
-            return
-        length = self.descriptor_bytes(pair)
-        for layer in range(p.layers):
+        else:
+            length = pair.heads * p.head_bytes * (
+                1 if self.granularity == TOKEN else p.block_tokens)
+            for layer in range(layers):
+                for region in range(p.regions):
+                    for block in range(p.blocks):
+                        slots = range(p.block_tokens) if self.granularity == TOKEN else (0,)
+                        for slot in slots:
+                            yield (p.offset(layer, region, block, pair.src_head, slot),
+                                   d.offset(layer, region, block, pair.dst_head, slot), length)
+        first = p.blocks - self.swa_blocks  # the window's pages, the request's last
+        for layer in range(layers, p.layers):
             for region in range(p.regions):
-                for block in range(p.blocks):
-                    slots = range(p.block_tokens) if self.granularity == TOKEN else (0,)
-                    for slot in slots:
-                        yield (p.offset(layer, region, block, pair.src_head, slot),
-                               d.offset(layer, region, block, pair.dst_head, slot), length)
+                yield (p.offset(layer, region, first, 0), d.offset(layer, region, first, 0),
+                       self.swa_blocks * p.block_bytes)
 
 
 def tp_ratio(prefill_tp: int, decode_tp: int) -> int:
@@ -208,8 +231,10 @@ def plan_transfer(model: ModelConfig, disagg: DisaggLayout, connector: Connector
                    "decode")
     writes = sglang_writes(kv, mla, p.tp, d.tp, ratio, connector.name)
     whole = mla or p.tp == d.tp
+    swa_layers, swa_blocks = swa_window(model.model_type, model.sliding_window,
+                                        len(model.sliding_layers), prompt, block, whole)
     granularity = TOKEN if not whole else RUN if connector.name == "mooncake" else BLOCK
     chunks = tuple(-(-n // block) for n in chunk_tokens(prompt, chunk or prompt, block))
     return KVTransfer(connector, prompt, p, d, granularity,
                       tuple(Pair(*w) for w in writes), WHEN[engine],
-                      chunks if len(chunks) > 1 else (), backend)
+                      chunks if len(chunks) > 1 else (), backend, swa_layers, swa_blocks)

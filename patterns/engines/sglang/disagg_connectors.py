@@ -28,6 +28,8 @@ contiguous and a run of heads is contiguous only within one token.
   A100, 16384 on B200; `--max-batched-tokens` here) is sent once computed (`send_kv_chunk`,
   prefill.py:1051-1090; a partial last page waits for the next chunk, line 1069-1071): one
   transfer a chunk; Mooncake's runs are per chunk.
+- Sliding-window layers of gpt-oss: only the window's pages, in a transfer of their own
+  (`swa_window`).
 - Pages: of 1 token but on the b200, where the attention backend SGLang picks forces 64
   (`page_size`). A request moves whole pages, its last one's padding included.
 """
@@ -62,6 +64,35 @@ def page_size(gpu: str, mla: bool, model_type: str, requested: int | None
                           f"the b200 takes pages of {', '.join(map(str, takes))} tokens (it "
                           f"would make it 64); use one of them")
     return requested, backend
+
+
+def swa_window(model_type: str, sliding_window: int, sliding_layers: int, prompt: int,
+               page: int, equal_tp: bool) -> tuple[int, int]:
+    """(sliding-window layers, pages of the request each moves) under SGLang's hybrid SWA
+    memory pool, (0, 0) where the model does not get one.
+
+    gpt-oss is a hybrid-SWA architecture (`is_hybrid_swa_model`, configs/model_config.py:
+    1903-1928 @ 8905cbd4; its sliding layers from `layer_types`, 1956-1963), and SWAKVPool
+    keeps the full-attention layers in the KV pool the connectors move page by page and the
+    sliding ones in a pool sent as state (`get_contiguous_buf_infos`, `get_state_buf_infos`,
+    mem_cache/swa_memory_pool.py:127-142; disaggregation/utils.py:869-877). With the last
+    chunk the prefill side sends the pages of tokens [w, prompt), w = prompt - window cut
+    down to a page, window = sliding_window - 1 (gpt_oss.py:119-120; `_swa_payload`,
+    prefill.py:1102-1114, decode.py:1098-1110), as contiguous runs of its own transfer
+    (`maybe_send_extra` -> `_send_kvcache_generic`: mooncake/conn.py:1043-1095, nixl/conn.py:
+    2055-2090 and its non-prepped path, 1362-1470). Different prefill and decode tp are
+    refused there (mooncake/conn.py:1049-1057, nixl/conn.py:2061-2064).
+    """
+    if model_type != "gpt_oss" or not sliding_window or not sliding_layers:
+        return 0, 0
+    if not equal_tp:
+        raise ConfigError("SGLang refuses different prefill and decode tp for a model with "
+                          "sliding-window layers in its hybrid SWA pool (gpt-oss): \"PD "
+                          "Disaggregation does NOT support PD different TP sizes for non-MLA "
+                          "SWA hybrid models yet\"; use the same tp on both sides")
+    start = max(0, prompt - (sliding_window - 1))
+    start -= start % page
+    return sliding_layers, -(-prompt // page) - start // page
 
 
 def sglang_writes(kv_heads: int, mla: bool, prefill_tp: int, decode_tp: int, ratio: int,
