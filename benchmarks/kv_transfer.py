@@ -29,7 +29,7 @@ PATTERN = dict(model="llama-3.1-8b", disagg="prefill=tp1,decode=tp1", prompt=512
 
 
 def disagg():
-    from microbench.cli.kv_args import disagg_from_args
+    from microbench.options.disagg_args import disagg_from_args
     args = Namespace(**PATTERN, name=None, batch=1, dtype=None, eager=False,
                      max_batched_tokens=None, control_plane=False, gpu="h100",
                      nccl_only=False, model_runner=None, max_num_seqs=None, sp=False,

@@ -4,8 +4,8 @@ fits checked by hand (the prefill side's collectives, the KV transfer, the decod
 import json
 from pathlib import Path
 
-from microbench.cli.sweep import COLUMNS
 from microbench.results.store import csv_text
+from microbench.sweep.output import COLUMNS
 from tests.replay_helpers import tiny_model
 from tests.test_predict import fake_sweep
 

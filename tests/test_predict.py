@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from microbench.analysis.fits import fit_points
-from microbench.cli.sweep import COLUMNS, SAMPLE_COLUMNS
 from microbench.results.store import csv_text
+from microbench.sweep.output import COLUMNS, SAMPLE_COLUMNS
 from tests.conftest import last_json
 from tests.replay_helpers import tiny_model
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from microbench.cli.sweep import COLUMNS, SAMPLE_COLUMNS
 from microbench.sweep.busbw import SweepOp, algbw_gbps, busbw_gbps, message, pattern_message
 from microbench.sweep.cases import geometric_sizes, pattern_cases
+from microbench.sweep.output import COLUMNS, SAMPLE_COLUMNS
 from patterns import Layout, Op, OpKind, Workload, from_hf_config, generate
 from tests.replay_helpers import infercomm, last_json, needs_mpi, read_csv, tiny_model
 
@@ -201,9 +201,9 @@ def test_levels_by_ranks_per_node(tmp_path):
 
 
 def test_case_level_by_placement():
-    from microbench.cli.sweep import case_level, node_ids
     from microbench.sweep.busbw import SweepOp
     from microbench.sweep.cases import Case
+    from microbench.sweep.output import case_level, node_ids
 
     nodes = node_ids(["a"] * 4, 2)  # 4 ranks, 2 per node: [0, 0, 1, 1]
     assert nodes == [0, 0, 1, 1]

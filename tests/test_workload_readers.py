@@ -151,7 +151,7 @@ def test_positions_are_checked_before_scheduling(cli, tmp_path, monkeypatch):
 def test_a_large_workload_says_its_progress(cli, tmp_path, monkeypatch):
     # fault 5: 10^6 requests took 29 s with no word; from PROGRESS_FROM requests (100,000)
     # each phase is said on stderr. Lowered to 3 here to keep the test fast.
-    from microbench.cli import workload_args
+    from microbench.options import workload_args
     monkeypatch.setattr(workload_args, "PROGRESS_FROM", 3)
     status, _, err = cli(*PATTERN, "--requests", "poisson:rate=10,count=3,prompt=8,output=2")
     assert status == 0, err

@@ -91,8 +91,7 @@ class DisaggPriced:
 
 def kv_fits(args: argparse.Namespace, sweep_rows: list[dict[str, Any]],
             inter_rows: list[dict[str, Any]] | None) -> KVFits:
-    from microbench.cli.predict import load_sweep
-    from microbench.results.runs import sweep_table
+    from microbench.results.runs import load_sweep, sweep_table
 
     rows = (sweep_table(load_sweep("--kv-sweep", args.kv_sweep)) if args.kv_sweep
             else sweep_rows)
@@ -211,7 +210,7 @@ def plan_disagg(args: argparse.Namespace, model: ModelConfig, topology: Topology
                 ) -> tuple[list[DisaggPriced], list[str], list[str]]:
     """Every candidate priced (best first), the refused with why, and notes."""
     from microbench.analysis.predict import predict_pattern
-    from microbench.cli.kv_args import engine_options
+    from microbench.options.disagg_args import engine_options
 
     fits = kv_fits(args, sweep_rows, inter_rows)
     workload = Workload(prompt=args.prompt, decode=args.decode, batch=args.batch,

@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from microbench.argtypes import UsageError
-from microbench.cli.kv_args import TRANSPORTS  # noqa: F401 (re-exported)
 from patterns.disagg import Pair
 
 

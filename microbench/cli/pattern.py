@@ -3,7 +3,7 @@
 import argparse
 import json
 
-from microbench.cli.pattern_args import add_pattern_arguments, pattern_from_args
+from microbench.options.pattern_args import add_pattern_arguments, pattern_from_args
 from microbench.views.pattern import (
     calls_per_inference,
     pattern_csv,

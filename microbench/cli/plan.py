@@ -7,7 +7,7 @@ from typing import Any
 
 from microbench.analysis.hardware import GPU_SPECS, memory_limit
 from microbench.argtypes import UsageError, positive_int
-from microbench.cli.pattern_args import add_pattern_arguments, pattern_from_args
+from microbench.options.pattern_args import add_pattern_arguments, pattern_from_args
 
 SCOPE = ("floors, not a prediction of the engine: communication (prefill, decode step, end to "
          "end) is what the sweeps say the layout's calls put under TTFT and TPOT; compute is "
@@ -152,8 +152,7 @@ def document(args: argparse.Namespace, priced: list[Any], refused: list[str],
 def run(args: argparse.Namespace) -> int:
     from microbench.analysis.fits import topology_from, unstable_sizes
     from microbench.analysis.layouts import Budget, Hardware, plan
-    from microbench.cli.predict import load_sweep
-    from microbench.results.runs import sweep_table
+    from microbench.results.runs import load_sweep, sweep_table
     from patterns import resolve_model
 
     budget = Budget(_budget_us("--budget-ttft-ms", args.budget_ttft_ms),

@@ -10,8 +10,15 @@ import numpy as np
 from microbench.analysis.fits import LARGE_RMS, Fit, Topology, topology_from, unstable_sizes
 from microbench.analysis.predict import caveats, predict_pattern
 from microbench.argtypes import UsageError, positive_int
-from microbench.cli.pattern_args import add_pattern_arguments, pattern_from_args
-from microbench.results.runs import RunFolder, load_run, replay_samples, run_pattern, sweep_table
+from microbench.options.pattern_args import add_pattern_arguments, pattern_from_args
+from microbench.results.runs import (
+    RunFolder,
+    load_run,
+    load_sweep,
+    replay_samples,
+    run_pattern,
+    sweep_table,
+)
 from microbench.views.pattern import title
 from microbench.views.textfmt import format_bytes, format_us, render_table
 from patterns import Pattern
@@ -66,13 +73,6 @@ def measured_medians(path: str, rebuild: bool = True
         raise UsageError(f"--against {path}: a {replay.kind} run; pass a replay run")
     return replay, run_pattern(replay) if rebuild else None, {
         k: float(np.median(v)) for k, v in replay_samples(replay).items()}
-
-
-def load_sweep(flag: str, path: str) -> RunFolder:
-    sweep = load_run(path)
-    if sweep.kind != "sweep":
-        raise UsageError(f"{flag} {path}: a {sweep.kind} run; pass a sweep run")
-    return sweep
 
 
 def all_fits(topology: Topology) -> list[tuple[str, Fit]]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from microbench.argtypes import UsageError, byte_size, run_label
-from microbench.cli.pattern_args import add_pattern_arguments, pattern_from_args
+from microbench.options.pattern_args import add_pattern_arguments, pattern_from_args
 from microbench.ranks import dist, faults, launch, notes
 from microbench.ranks.failures import report_rank_failure
 from microbench.replay import LEVELS

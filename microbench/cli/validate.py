@@ -3,7 +3,7 @@
 import argparse
 import json
 
-from microbench.cli.pattern_args import add_pattern_arguments, pattern_from_args
+from microbench.options.pattern_args import add_pattern_arguments, pattern_from_args
 from microbench.views.textfmt import render_table
 from patterns import Pattern
 from patterns.traces import read_traces

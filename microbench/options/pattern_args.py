@@ -91,17 +91,17 @@ def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True
     group.add_argument("--sp", action="store_true",
                        help="megatron: sequence parallelism (each all-reduce becomes a "
                             "reduce-scatter and an all-gather)")
-    from microbench.cli.kv_args import add_disagg_arguments
+    from microbench.options.disagg_args import add_disagg_arguments
     add_disagg_arguments(group)
-    from microbench.cli.workload_args import add_workload_arguments
+    from microbench.options.workload_args import add_workload_arguments
     add_workload_arguments(group)
 
 
 def pattern_from_args(args: argparse.Namespace) -> Pattern:
     """Build the pattern; raises ConfigError with a one-line message on bad input."""
-    from microbench.cli.kv_args import refuse_disagg_options
+    from microbench.options.disagg_args import refuse_disagg_options
     refuse_disagg_options(args)  # --disagg is its own deployment (microbench/kvtransfer)
-    from microbench.cli import workload_args as wl  # --requests, --speculative-config
+    from microbench.options import workload_args as wl  # --requests, --speculative-config
     wl.refuse_workload_options(args)
     if not wl.wants_workload(args):
         wl.require_prompt_decode(args)

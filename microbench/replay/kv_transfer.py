@@ -170,7 +170,7 @@ def run_rank_transfer(d: DisaggPattern, env: Any, args: argparse.Namespace) -> i
 def run_disagg(args: argparse.Namespace) -> int:
     """Bad input refused here, before any process or file; then the ranks, started here
     (--nproc, or no launcher) or by mpiexec/srun/torchrun."""
-    from microbench.cli.kv_args import (
+    from microbench.options.disagg_args import (
         disagg_from_args,
         refuse_layout_options,
         refuse_workload_with_disagg,

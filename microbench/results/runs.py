@@ -145,11 +145,19 @@ def _plain(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
+def load_sweep(flag: str, path: str) -> RunFolder:
+    """The sweep run at `path`; `flag` names the option that gave it in a refusal."""
+    sweep = load_run(path)
+    if sweep.kind != "sweep":
+        raise UsageError(f"{flag} {path}: a {sweep.kind} run; pass a sweep run")
+    return sweep
+
+
 def run_pattern(run: RunFolder) -> Pattern | None:
     """The pattern a replay (or a --from-pattern sweep) ran, rebuilt from its command line."""
     if "pattern" not in run.meta:
         return None
-    from microbench.cli.pattern_args import add_pattern_arguments, pattern_from_args
+    from microbench.options.pattern_args import add_pattern_arguments, pattern_from_args
 
     parser = OneLineParser(prog="infercomm", add_help=False, allow_abbrev=False)
     add_pattern_arguments(parser, required=False)

@@ -22,7 +22,7 @@ import numpy as np
 
 from microbench.argtypes import UsageError
 from microbench.backends.kv_transports import PairDescs, Role, open_transport
-from microbench.cli.kv_args import DEFAULT_DESCRIPTORS
+from microbench.options.disagg_args import DEFAULT_DESCRIPTORS
 from patterns.disagg import Pair
 
 OP = "kvtransfer"
@@ -158,10 +158,10 @@ def _rank(sizes: list[int], count: int, env: Any, args: argparse.Namespace) -> i
 
 def _write(sizes: list[int], count: int, args: argparse.Namespace, gathered: list[Any],
            backend: Any, versions: dict[str, Any]) -> int:
-    from microbench.cli.sweep import COLUMNS, SAMPLE_COLUMNS, sweep_table
     from microbench.ranks import cpus
     from microbench.results.store import base_meta, csv_text, json_text, write_run_or_keep
     from microbench.sweep.cases import rank_max, stats
+    from microbench.sweep.output import COLUMNS, SAMPLE_COLUMNS, sweep_table
 
     rows, samples = [], []
     hosts = [h for h, _ in gathered]
@@ -180,7 +180,7 @@ def _write(sizes: list[int], count: int, args: argparse.Namespace, gathered: lis
                      "iteration": it, "time_us": round(float(t), 3)}
                     for it, t in enumerate(times)]
     columns = list(COLUMNS)
-    from microbench.cli.sweep import node_ids
+    from microbench.sweep.output import node_ids
     nodes = node_ids(hosts, args.ranks_per_node)  # --ranks-per-node 1: two nodes
     if len(set(nodes)) > 1:
         columns.append("level")
