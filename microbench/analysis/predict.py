@@ -41,131 +41,20 @@ boundaries price the same). Each figure is the slowest DP rank's, as replay repo
 slowest rank's.
 """
 
-from dataclasses import dataclass
 from typing import Any
 
+from microbench.analysis.costs import DP_GROUPS, Cost, Costs
 from microbench.analysis.fits import (
     LARGE_RMS,
     Fit,
     FitTable,
     Topology,
-    fit_for,
-    stand_in_note,
 )
 from microbench.argtypes import UsageError
-from microbench.sweep.busbw import SweepOp, pattern_message
-from patterns import Op, OpKind, Pattern, Phase, Transport
-from patterns.groups import rank_of
-from patterns.layout import Layout
+from patterns import Op, OpKind, Pattern, Phase
 from patterns.pattern import Run
 
 TRANSIENT_STEPS = 4  # steps simulated beyond the stage count before extrapolating
-
-
-def call_time_us(fits: FitTable, op: Op) -> float:
-    """One call's time in isolation: a collective's fit, or a transfer's latency."""
-    kind, size, _, n = pattern_message(op)
-    t = fit_for(fits, kind, n).time_us(size)
-    return t / 2 if op.kind in (OpKind.SEND, OpKind.RECV) else t
-
-
-def gap_us(fits: FitTable, op: Op) -> float:
-    """A transfer's gap: the stream fit where the sweep has one, else its latency."""
-    if any(k[0] == SweepOp.STREAM.value for k in fits):
-        _, size, _, n = pattern_message(op)
-        return fit_for(fits, SweepOp.STREAM, n).time_us(size)
-    return call_time_us(fits, op)
-
-
-# Group kinds whose calls join the DP ranks of one stage (the engine's DP all-reduce, MoE
-# dispatch and combine).
-DP_GROUPS = frozenset({"dp", "ep"})
-
-
-@dataclass(frozen=True)
-class Cost:
-    """One call of one stage: what it costs the stage's clock, and for a transfer, its
-    latency and the other stage; `joins` for a call on the dp or ep group, which waits for
-    the same stage of every DP rank."""
-
-    kind: str
-    busy_us: float
-    latency_us: float = 0.0
-    peer_stage: int | None = None
-    joins: bool = False
-
-
-def groups_at(layout: Layout, kind: str, dp_rank: int, stage: int) -> list[list[int]]:
-    """The groups of `kind` that the ranks of one (DP rank, stage) call together."""
-    dp, pp, tp = layout.dp, layout.pp, layout.tp
-    if kind == "tp":
-        return [[rank_of(layout, dp_rank, stage, t) for t in range(tp)]]
-    if kind == "dp":
-        return [[rank_of(layout, d, stage, t) for d in range(dp)] for t in range(tp)]
-    if kind == "ep":
-        return [[rank_of(layout, d, stage, t) for d in range(dp) for t in range(tp)]]
-    if kind in ("pp", "pp_broadcast"):
-        return [[rank_of(layout, dp_rank, s, t) for s in range(pp)] for t in range(tp)]
-    raise UsageError(f"the pattern names a group {kind!r} that predict cannot place; "
-                     "one of tp, pp, dp, ep, pp_broadcast")
-
-
-class Costs:
-    """Each distinct (DP rank, stage, op)'s cost, computed once (patterns repeat a handful of
-    ops; DP ranks differ only where their groups sit differently against node boundaries)."""
-
-    def __init__(self, pattern: Pattern, topology: Topology) -> None:
-        self.layout, self.topology = pattern.layout, topology
-        self.cache: dict[tuple[int, int, Op], Cost] = {}
-        self.fits_seen = topology.fits_seen
-
-    def _note(self, fits: FitTable, op: Op, kind: SweepOp | None = None) -> None:
-        k, size, _, n = pattern_message(op)
-        kind = kind or k
-        fit = fit_for(fits, kind, n)
-        self.fits_seen[(kind.value, size, id(fit))] = fit
-
-    def of(self, dp_rank: int, stage: int, op: Op) -> Cost:
-        # A dp or ep call's groups are the same for every DP rank of the stage; any other
-        # call's sit against node boundaries as the replica's first rank does (its offset
-        # within its node), so DP ranks at the same offset share one cost.
-        rpn, layout = self.topology.ranks_per_node, self.layout
-        place = (0 if op.group in DP_GROUPS or not rpn
-                 else dp_rank * layout.tp * layout.pp % rpn)
-        key = (place, stage, op)
-        cost = self.cache.get(key)
-        if cost is None:
-            cost = self.cache[key] = self._cost(dp_rank, stage, op)
-        return cost
-
-    def _cost(self, dp_rank: int, stage: int, op: Op) -> Cost:
-        layout = self.layout
-        if op.kind in (OpKind.SEND, OpKind.RECV):
-            peer = op.peer if op.peer is not None else stage
-            # Every TP rank of the stage sends to its counterpart; the slowest pair counts.
-            fits = self.topology.fits_of(
-                [[rank_of(layout, dp_rank, stage, t), rank_of(layout, dp_rank, peer, t)]
-                 for t in range(layout.tp)])
-            self._note(fits, op)
-            stand_in_note(fits, SweepOp.SENDRECV, 2, self.topology.notes)
-            if any(k[0] == SweepOp.STREAM.value for k in fits):
-                self._note(fits, op, SweepOp.STREAM)
-            return Cost(op.kind.value, gap_us(fits, op), call_time_us(fits, op), peer)
-        fits = self.topology.fits_of(groups_at(layout, op.group, dp_rank, stage))
-        self._note(fits, op)
-        if op.transport == Transport.GLOO:
-            self.topology.notes.add(
-                f"{op.tag} ({op.kind} over the {op.group} group of {op.group_size}) runs on "
-                "gloo (CPU) in the engine; it is priced from the sweep's own backend, as "
-                "replay issues it")
-        stand_in_note(fits, pattern_message(op)[0], op.group_size, self.topology.notes)
-        # An uneven all-gather or reduce-scatter (Op.counts) is priced by its total, as
-        # pattern_message sizes it: vLLM's all_gatherv / reduce_scatterv issue one
-        # broadcast / reduce per part (pynccl.py), so each part crosses every link once and
-        # the links carry the total, as an even call of that total does. The largest part
-        # times n would price padding that is never sent.
-        return Cost(op.kind.value, call_time_us(fits, op),
-                    joins=op.group in DP_GROUPS and layout.dp > 1)
 
 
 class Pipeline:

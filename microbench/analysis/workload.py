@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from microbench.analysis.costs import Costs
 from microbench.analysis.fits import Topology
-from microbench.analysis.predict import Costs
 from patterns.pattern import Pattern
 from patterns.workload.metrics import PERCENTILES, request_figures, summary
 

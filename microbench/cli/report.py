@@ -66,7 +66,8 @@ DEFAULT_REPORT = "report.html"
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from microbench.analysis.report import build, render_html
+    from microbench.analysis.report import build
+    from microbench.analysis.report_html import render_html
 
     runs, sweep = _inputs(args)
     if args.output is None:  # the default name is not overwritten behind the user's back
@@ -90,7 +91,8 @@ def run_report(args: argparse.Namespace) -> int:
 
 
 def run_plot(args: argparse.Namespace) -> int:
-    from microbench.analysis.report import build, png_bytes
+    from microbench.analysis.report import build
+    from microbench.analysis.report_html import png_bytes
 
     runs, sweep = _inputs(args)
     folder = Path(args.output)
