@@ -229,8 +229,20 @@ def _weight_shapes(raw: dict[str, object]) -> dict[str, object]:
 
 def _sliding(raw: dict[str, object], layers: int) -> dict[str, object]:
     """`sliding_window` and the layers `layer_types` marks "sliding_attention" (both needed:
-    a window without layer types, or a type list of another length, is left out)."""
+    a window without layer types, or a type list of another length, is left out).
+
+    A Gemma 3 config without `layer_types` gets them as transformers makes them from its
+    `sliding_window_pattern` (6 by default): layer i slides unless (i + 1) is a multiple of
+    the pattern (huggingface/transformers, src/transformers/models/gemma3/
+    modular_gemma3.py, `Gemma3TextConfig.__init__`: "BC -> the pattern used to be a simple
+    int"), which vLLM reads per layer (models/gemma3.py:153-155 @ c8109375)."""
     window, types = raw.get("sliding_window"), raw.get("layer_types")
+    pattern = raw.get("sliding_window_pattern")
+    if types is None and raw.get("model_type") == "gemma3_text":
+        every = pattern if isinstance(pattern, int) and not isinstance(pattern, bool) else 6
+        if every > 0:
+            types = ["sliding_attention" if (i + 1) % every else "full_attention"
+                     for i in range(layers)]
     if (not isinstance(window, int) or isinstance(window, bool) or window <= 0
             or not isinstance(types, list) or len(types) != layers):
         return {}

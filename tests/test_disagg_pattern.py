@@ -176,6 +176,23 @@ def test_sliding_layers_read_from_config():
                                 sliding_layers=tuple(range(20)))) == CacheGroups(10, (0, 64, 64))
 
 
+def test_gemma3_sliding_layers_from_its_pattern():
+    # tests/data/configs/gemma-3-4b: 34 layers, sliding_window 1024, sliding_window_pattern
+    # 6 and no layer_types: transformers makes layer i sliding unless (i + 1) % 6 == 0
+    # (Gemma3TextConfig), as vLLM reads them (models/gemma3.py:153-155 @ c8109375): full
+    # layers 5, 11, 17, 23, 29, 29 sliding. Groups: 5 full, 29 sliding (29 >= 1.5 x 5):
+    # group size 5, one full group and ceil(29 / 5) = 6 sliding ones: 5 regions.
+    from patterns.models import from_hf_config
+    gemma = from_hf_config("tests/data/configs/gemma-3-4b")
+    assert (gemma.sliding_window, len(gemma.sliding_layers)) == (1024, 29)
+    assert [i for i in range(34) if i not in gemma.sliding_layers] == [5, 11, 17, 23, 29]
+    t = transfer(gemma, "prefill=tp2,decode=tp2", prompt=2000)
+    # 2000 tokens: 125 full blocks; a sliding group min(1024 / 16 + 1, 125 - (2000 - 1023)
+    # // 16) = min(65, 125 - 61) = 64: 5 x (125 + 6 x 64) = 2,545 descriptors of 2 heads x
+    # 16 x (256 + 256) x 2 bytes = 32,768 a pair (34 x 125 = 4,250 with every layer whole).
+    assert pairs(t)[0][5:] == (2_545, 32_768)
+
+
 @pytest.mark.parametrize("gpu, kv, block, backend", [
     # FLASH_ATTN_MLA first on SM90 (cuda.py:136-143), takes 16 (flashattn_mla.py:52-53) but
     # no fp8 cache (45-50); FlashMLA's 64 then (flashmla.py:58-59); SM100 FLASHINFER_MLA
