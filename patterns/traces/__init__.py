@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from patterns.errors import ConfigError
 from patterns.traces.calls import Call, RankCalls, Trace
 from patterns.traces.kineto import read_kineto
+from patterns.traces.kineto_shm import pair_receives
 from patterns.traces.nccl_log import LogReader
 
 EXPECTED = ("NCCL/RCCL COLL lines (run with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL) or a "
@@ -74,6 +75,7 @@ def read_traces(paths: Sequence[str]) -> Trace:
                               + EXPECTED)
     logs.finish()
     trace.ranks.sort(key=lambda r: r.rank)
+    pair_receives(trace)  # vLLM CPU's shm receives take their senders' sizes
     return trace
 
 

@@ -61,6 +61,8 @@ class RankCalls:
     name: str  # where it came from: host:pid:cudaDev, or the Kineto file's host and rank
     ids: array = field(default_factory=lambda: array("I"))
     step_starts: list[int] | None = None  # index of each step's first call, where visible
+    # vLLM CPU's shm tensor-list sends: the tensors of each, in order (kineto_shm)
+    shm_send_lists: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # The name is the trace's own text (a host name): escaped, it prints as it reads

@@ -41,7 +41,7 @@ from typing import Any
 
 from patterns.errors import ConfigError
 from patterns.traces.calls import Call, RankCalls, Trace
-from patterns.traces.kineto_shm import SHM_NOT_CALLS, SHM_OPS, shm_call
+from patterns.traces.kineto_shm import SHM_NOT_CALLS, SHM_OPS, shm_calls
 from patterns.traces.kineto_stream import iter_events
 
 # torch scalar type names, as `Input type` (C++ names) and record_param_comms `dtype` spell them.
@@ -193,7 +193,8 @@ def read_kineto(path: Path, trace: Trace, default_rank: int) -> RankCalls:
                           "the .json or .json.gz that torch.profiler exported") from None
     for kind, count in raw.ep.items():
         trace.ep_kernels[kind] += count
-    timed.sort(key=lambda tc: tc[0])
+    timed.sort(key=lambda tc: tc[0])  # stable: one event's calls keep their order
+    calls.shm_send_lists = raw.shm_send_lists
     for _, call in timed:
         calls.ids.append(trace.intern(call))
     if raw.steps:
@@ -215,6 +216,7 @@ class _Raw:
     def __init__(self) -> None:
         self.vllm: list[tuple[float, float, Call]] = []  # (start, end, call)
         self.shm: list[tuple[float, str, dict[str, Any]]] = []  # vLLM CPU's _C::shm_* ops
+        self.shm_send_lists: list[int] = []  # the tensors of each shm send, in order
         self.param: list[tuple[float, Call | None, str]] = []
         self.c10d: list[tuple[float, str, dict[str, Any]]] = []
         self.backend: list[tuple[float, str, int | None, str | None]] = []
@@ -293,13 +295,14 @@ class _Raw:
         # trace's one process-group size where there is one
         timed = [(s, c if c.group_size is not None else
                   Call(c.op, c.numel, c.dtype, only_size)) for s, _, c in self.vllm]
-        for ts, name, args in self.shm:
-            call = shm_call(name, args, _torch_dtype, only_size)
-            if call is None:
+        for ts, name, args in sorted(self.shm, key=lambda e: e[0]):
+            found = shm_calls(name, args, _torch_dtype, only_size)
+            if found is None:
                 trace.unparsed += 1
                 trace.unknown[f"{name} (arguments not as its signature)"] += 1
-            else:
-                timed.append((ts, call))
+            elif found[0].op == "send":
+                self.shm_send_lists.append(len(found))
+            timed += [(ts, call) for call in found or ()]
         param = [(ts, c, n) for ts, c, n in self.param if outside(ts)]
         c10d = [e for e in self.c10d if outside(e[0])]
         backend = [e for e in self.backend if outside(e[0])]

