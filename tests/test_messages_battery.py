@@ -79,3 +79,59 @@ def test_a_number_of_hundreds_of_digits_is_not_printed_back(cli, option):
     status, _, err = cli("pattern", "--model", "llama-3.1-8b",
                          *[w for kv in argv.items() for w in kv])
     assert status == 2 and "9" * 19 not in err and "an integer of 300 digits" in err, err
+
+
+def test_gloo_is_named_as_the_torch_backend_on_cpu(cli):
+    # newcomer: "invalid choice: 'gloo'" said nothing of where gloo is.
+    status, _, err = cli("sweep", "--backend", "gloo")
+    assert status == 2 and "gloo is --backend torch --device cpu" in err, err
+
+
+def test_device_cuda_without_a_gpu_is_said_once(tmp_path):
+    # newcomer: every rank said it, then the launcher: three lines for one mistake.
+    import subprocess
+    import sys
+
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    proc = subprocess.run([sys.executable, "-m", "microbench", "replay", "--model",
+                           "llama-3.2-1b", "--tp", "2", "--prompt", "4", "--decode", "2",
+                           "--device", "cuda", "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "infercomm replay: error: --device cuda asked for, but no CUDA device is visible; use "
+        "--device cpu"], proc.stderr
+
+
+def test_replay_names_only_the_missing_options(cli):
+    # newcomer: "required: --model, --prompt, --decode" to a command that gave --model.
+    status, _, err = cli("replay", "--model", "llama-3.1-70b", "--tp", "8")
+    assert status == 2 and "required: --prompt, --decode (or --trace" in err, err
+
+
+def test_user_output_carries_no_internal_references(cli):
+    # newcomer: "engine spec section 5", "(patterns/moe.py lists them)" in `infercomm engines`.
+    status, out, _ = cli("engines")
+    assert status == 0
+    assert "engine spec" not in out and "patterns/" not in out
+
+
+def test_a_workload_is_named_by_its_requests(cli):
+    # newcomer: the header named the workload's largest request ("prompt=2600 decode=12").
+    # examples/workloads/small.jsonl: 6 requests, prompts 120 to 2,600, outputs 3 to 12.
+    status, out, err = cli("pattern", "--model", "llama-3.1-70b", "--tp", "8", "--requests",
+                           str(ROOT / "examples" / "workloads" / "small.jsonl"),
+                           "--step-time-ms", "30", "--max-batched-tokens", "2048")
+    assert status == 0, err
+    assert "requests: prompt 120..2,600 tokens, output 3..12 tokens" in out
+    # ... and so does a replay's title (the same pattern, built as replay builds it)
+    from microbench.cli.pattern_args import pattern_from_args
+
+    from microbench.cli import build_parser
+    from microbench.views.pattern import title
+    argv = ["replay", "--model", "llama-3.1-70b", "--tp", "8", "--requests",
+            str(ROOT / "examples" / "workloads" / "small.jsonl"), "--step-time-ms", "30"]
+    pattern = pattern_from_args(build_parser(argv).parse_args(argv))
+    assert "| 6 requests (prompt 120..2,600, output 3..12) bf16" in title(pattern)
+    assert "prompt=2600" not in title(pattern)

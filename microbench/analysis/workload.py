@@ -13,6 +13,7 @@ from typing import Any
 
 from microbench.analysis.costs import Costs
 from microbench.analysis.fits import Topology
+from microbench.views.textfmt import format_us, plural
 from patterns.pattern import Pattern
 from patterns.workload.metrics import PERCENTILES, request_figures, summary
 
@@ -55,15 +56,16 @@ def measured_workload(replay_dir: Path) -> dict[str, Any] | None:
 
 def workload_lines(w: dict[str, Any], measured: dict[str, Any] | None = None) -> list[str]:
     head = "".join(f"{'p' + str(p):>12}" for p in PERCENTILES)
-    lines = [f"per request ({w['requests']} requests, {w['steps']} steps, all steps "
-             f"{w['all_steps_us'] / 1e3:.3f} ms of communication):", f"{'':<46}{head}"]
-    for key, name in (("ttft_comm_us", "communication under TTFT (us)"),
-                      ("tpot_comm_us", "communication per TPOT step (us)")):
+    lines = [f"per request ({plural(w['requests'], 'request')}, {plural(w['steps'], 'step')}, "
+             f"all steps {format_us(w['all_steps_us'])} of communication):",
+             f"{'':<46}{head}"]
+    for key, name in (("ttft_comm_us", "communication under TTFT"),
+                      ("tpot_comm_us", "communication per TPOT step")):
         sides = [("predicted", w)] + ([("measured", measured)] if measured else [])
         for side, figures in sides:
             label = f"{name}, {side}" if measured else name
             lines.append(f"{label:<46}" + "".join(
-                f"{'-' if v is None else f'{v:.1f}':>12}" for v in figures[key].values()))
+                f"{'-' if v is None else format_us(v):>12}" for v in figures[key].values()))
     return lines
 
 

@@ -95,8 +95,11 @@ def pattern_or_trace(args: argparse.Namespace) -> Pattern:
     if getattr(args, "requests", None) and args.model is not None:
         return pattern_from_args(args)  # a request workload: prompts and outputs are its own
     if len(named) < 3:
-        raise UsageError("the following arguments are required: --model, --prompt, --decode "
-                         "(or --trace FILE... to replay a trace)")
+        missing = [f for f in ("--model", "--prompt", "--decode") if f not in named]
+        if getattr(args, "requests", None):  # a workload gives prompts and outputs itself
+            missing = ["--model"]
+        raise UsageError(f"the following arguments are required: {', '.join(missing)} (or "
+                         "--trace FILE... to replay a trace)")
     return pattern_from_args(args)
 
 

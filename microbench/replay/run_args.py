@@ -15,11 +15,24 @@ from microbench.argtypes import (
 )
 from microbench.replay.graphs import resolve_mode
 
+BACKENDS = ("torch", "mpi", "nccl")
+# Names users reach for that are a backend with a device, not a backend of their own.
+ALIASES = {"gloo": "gloo is --backend torch --device cpu (torch.distributed over gloo)",
+           "cuda": "for GPUs give --backend torch (or nccl) --device cuda",
+           "openmpi": "Open MPI and MPICH are both --backend mpi (mpi4py)",
+           "mpich": "Open MPI and MPICH are both --backend mpi (mpi4py)"}
+
+
+def backend_name(text: str) -> str:
+    if text.lower() in ALIASES:
+        raise argparse.ArgumentTypeError(ALIASES[text.lower()])
+    return text
+
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """Options every measuring command shares (replay, sweep)."""
     group = parser.add_argument_group("run")
-    group.add_argument("--backend", choices=("torch", "mpi", "nccl"), default="torch",
+    group.add_argument("--backend", type=backend_name, choices=BACKENDS, default="torch",
                        help="torch (NCCL on GPUs, gloo on CPUs), mpi (mpi4py) or nccl (NCCL "
                             "through CuPy, without torch.distributed)")
     group.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
@@ -162,3 +175,5 @@ def check_backend_options(args: argparse.Namespace, world: int | None = None) ->
     if device == "auto" and gpus_asked():  # a GPU job that sees no GPU: refused before start
         resolve_device(device, args.backend)
     resolve_mode(args.graph, args.backend, device, args.timing)
+    if device == "cuda":  # no GPU here: said once, not by every rank the launcher starts
+        resolve_device(device, args.backend)

@@ -13,6 +13,7 @@ import numpy as np
 
 from microbench.replay.aggregate import step_durations
 from microbench.replay.replayer import RankSamples
+from microbench.views.textfmt import format_us, plural
 from patterns.ops import Phase
 from patterns.pattern import Pattern
 from patterns.workload.metrics import PERCENTILES, percentile
@@ -83,11 +84,12 @@ def workload_lines(figures: dict[str, Any]) -> list[str]:
     head = "".join(f"{'p' + str(p):>12}" for p in PERCENTILES)
     lines = ["(a workload's prefill chunks and decodes share steps: the rows above take its "
              "first steps as the prefill; read the figures per request below)",
-             f"per request ({figures['requests']} requests, {figures['steps']} steps; each "
-             "step's slowest rank, median over inferences):", f"{'':<34}{head}"]
-    for key, name in (("ttft_comm_us", "communication under TTFT (us)"),
-                      ("tpot_comm_us", "communication per TPOT step (us)")):
-        cells = "".join(f"{'-' if v is None else f'{v:.1f}':>12}"
+             f"per request ({plural(figures['requests'], 'request')}, "
+             f"{plural(figures['steps'], 'step')}; each step's slowest rank, median over "
+             "inferences):", f"{'':<34}{head}"]
+    for key, name in (("ttft_comm_us", "communication under TTFT"),
+                      ("tpot_comm_us", "communication per TPOT step")):
+        cells = "".join(f"{'-' if v is None else format_us(v):>12}"
                         for v in figures[key].values())
         lines.append(f"{name:<34}{cells}")
     return lines

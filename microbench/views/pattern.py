@@ -110,6 +110,15 @@ def title(pattern: Pattern) -> str:
     ep = f" ep={lay.ep_size}" if lay.ep else ""
     batch = (f"dp-batches={','.join(map(str, w.dp_batches))}" if w.dp_batches
              else f"batch={w.batch}" + (" per DP rank" if lay.dp > 1 else ""))
+    requests = getattr(pattern, "requests", None)
+    if requests:  # a request workload: its requests, not its largest one
+        from microbench.views.workload import span
+        batch = (f"{len(requests):,} request{'s' if len(requests) != 1 else ''} "
+                 f"(prompt {span(r.prompt for r in requests)}, output "
+                 f"{span(r.output for r in requests)})")
+        return (f"{pattern.engine} | {m.name} (h={m.hidden_size}, L={m.num_hidden_layers}, "
+                f"V={m.vocab_size}) | tp={lay.tp} pp={lay.pp}{dp}{ep} ({lay.world_size} "
+                f"ranks) | {batch} {w.dtype}")
     return (f"{pattern.engine} | {m.name} (h={m.hidden_size}, L={m.num_hidden_layers}, "
             f"V={m.vocab_size}) | tp={lay.tp} pp={lay.pp}{dp}{ep} ({lay.world_size} ranks) | "
             f"prompt={w.prompt} decode={w.decode} {batch} {w.dtype}")

@@ -45,6 +45,8 @@ def replay_table(summary: dict[str, Any], title: str) -> str:
     ]
     lines.append(render_table(["communication of one inference", "median", "note"], rows,
                               right_align={"median"}))
+    lines.append("(each row is its own median over inferences of the slowest rank, so prefill "
+                 "and decode need not add up to end to end)")
     if s.get("by_op"):
         # Each kind's time is its slowest rank's, so the kinds need not add up to the total.
         op_rows = [[kind, f"{v['calls']:,}", _us(v["time_us"])]

@@ -30,3 +30,8 @@ def render_table(header: Sequence[str], rows: Iterable[Sequence[str]],
                          for c, w, h in zip(cells, widths, header, strict=True)).rstrip()
 
     return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def plural(n: int, word: str) -> str:
+    """'1 request', '2 requests', '1,000 requests'."""
+    return f"{n:,} {word}" + ("" if n == 1 else "s")

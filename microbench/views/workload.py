@@ -2,10 +2,12 @@
 bytes of one rank) and, per request, the communication under its TTFT and TPOT."""
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from microbench.argtypes import UsageError
-from microbench.views.textfmt import format_bytes
+from microbench.views.textfmt import format_bytes, plural
+from patterns.errors import shown
 from patterns.workload.metrics import (
     PERCENTILES,
     RequestFigures,
@@ -84,6 +86,27 @@ def workload_document(p: WorkloadPattern) -> dict[str, Any]:
             "step_rows": step_rows(p), "per_request": requests}
 
 
+def _calls(value: float) -> str:
+    """A percentile of call counts over requests, as a count: interpolated between two
+    requests it can fall between counts (315.9), which no request issued."""
+    return f"{value:,.0f}"
+
+
+def span(values: Iterable[int]) -> str:
+    """'200..3000', or '128' when every request has the same."""
+    lo, hi = minmax(values)
+    return f"{lo:,}" if lo == hi else f"{lo:,}..{hi:,}"
+
+
+def minmax(values: Iterable[int]) -> tuple[int, int]:
+    lo = hi = None
+    for v in values:
+        lo = v if lo is None or v < lo else lo
+        hi = v if hi is None or v > hi else hi
+    assert lo is not None and hi is not None
+    return lo, hi
+
+
 def _pct_row(name: str, values: dict[str, float | None], fmt: Any) -> str:
     cells = [fmt(values[f"p{q}"]) if values[f"p{q}"] is not None else "-" for q in PERCENTILES]
     return f"  {name:<30}" + "".join(f"{c:>14}" for c in cells)
@@ -92,11 +115,13 @@ def _pct_row(name: str, values: dict[str, float | None], fmt: Any) -> str:
 def workload_text(p: WorkloadPattern, s: dict[str, Any] | None = None) -> str:
     s = s or workload_summary(p)
     rows = step_rows(p)
-    lines = [f"workload: {s['requests']} requests from {p.source} on {p.engine}, "
-             f"{p.model.name} tp{p.layout.tp}, step time {s['step_time_ms']} ms"
+    lines = [f"workload: {plural(s['requests'], 'request')} from {shown(p.source, 120)} on "
+             f"{p.engine}, {p.model.name} tp{p.layout.tp}, step time {s['step_time_ms']} ms"
              + (f", speculative {p.spec}" if p.spec else ""),
-             f"steps: {s['steps']} issued ({s['segments']} runs of equal steps), "
-             f"{s['clock_steps']} steps of clock", "",
+             f"requests: prompt {span(r.prompt for r in p.requests)} tokens, output "
+             f"{span(r.output for r in p.requests)} tokens",
+             f"steps: {s['steps']:,} issued ({plural(s['segments'], 'run')} of equal steps), "
+             f"{s['clock_steps']:,} steps of clock", "",
              f"{'steps':>17} {'phase':>8} {'tokens':>7} {'padded':>7} {'graph':>9} "
              f"{'prefill':>8} {'decodes':>8} {'calls':>6} {'bytes/rank':>11}"]
     for r in rows[:MAX_TEXT_ROWS]:
@@ -110,9 +135,9 @@ def workload_text(p: WorkloadPattern, s: dict[str, Any] | None = None) -> str:
     lines += ["", "per request (one rank; TTFT: its prefill-chunk steps summed; TPOT: per "
               "decode step)", f"  {'':<30}" + "".join(f"{'p' + str(q):>14}" for q in PERCENTILES),
               _pct_row("TTFT bytes", s["ttft_bytes"], format_bytes),
-              _pct_row("TTFT calls", s["ttft_calls"], lambda v: f"{v:.1f}"),
+              _pct_row("TTFT calls", s["ttft_calls"], _calls),
               _pct_row("TPOT bytes per step", s["tpot_bytes"], format_bytes),
-              _pct_row("TPOT calls per step", s["tpot_calls"], lambda v: f"{v:.1f}"),
+              _pct_row("TPOT calls per step", s["tpot_calls"], _calls),
               _pct_row("decode bytes per output token", s["decode_bytes_per_token"],
                        format_bytes)]
     return "\n".join(lines)

@@ -26,7 +26,7 @@ HIDDEN_HINT = ("the trace holds fewer all-reduces than the pattern; if the engin
                "graphs or custom all-reduce, those hid calls: calls replayed from a CUDA "
                "graph are not logged (NCCL prints a COLL line at capture) and custom, "
                "FlashInfer or symmetric-memory all-reduces never reach NCCL or c10d; capture "
-               "with --enforce-eager and --disable-custom-all-reduce (engine spec 10.5)")
+               "with vLLM's --enforce-eager and --disable-custom-all-reduce")
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from patterns.stage import Stage, merge, run, stages
 INFO = EngineInfo(
     name="megatron",
     engine="Megatron-LM inference (static batching)",
-    version="core 0.1x static inference (main as read in engine spec section 5)",
+    version="core 0.1x static inference (its main branch as this profile read it)",
     source="NVIDIA/Megatron-LM main: core/inference/model_inference_wrappers/"
            "abstract_model_inference_wrapper.py, core/tensor_parallel/layers.py",
     options=("sp",),

@@ -62,7 +62,7 @@ INFO = EngineInfo(
              "disable_overlap_schedule"),
     not_modelled=(
         "DP attention at pp > 1; its prefill CUDA graphs, two-batch overlap, "
-        "SGLANG_DP_USE_GATHERV, enable_dp_lm_head (patterns/moe.py lists them)",
+        "SGLANG_DP_USE_GATHERV, enable_dp_lm_head",
         "the pickled request payload of broadcast_pyobj and PP's point_to_point_pyobj",
         "sampling all-reduce (SYNC_TOKEN_IDS_ACROSS_TP or grammars)",
         "--max-running-requests (the multimem logits all-gather is taken up to 128 rows)",

@@ -32,7 +32,7 @@ from patterns.stage import Stage, merge, run, stages, tp_model_calls
 INFO = EngineInfo(
     name="trtllm",
     engine="TensorRT-LLM (PyTorch backend)",
-    version="1.x PyTorch backend (main as read in engine spec section 5)",
+    version="1.x PyTorch backend (its main branch as this profile read it)",
     source="NVIDIA/TensorRT-LLM main: _torch/models/modeling_llama.py, _torch/modules/"
            "embedding.py, _torch/models/modeling_utils.py",
     options=("max_batched_tokens",),

@@ -79,11 +79,11 @@ INFO = EngineInfo(
              "max_num_seqs", "a2a", "moe_backend", "async_scheduling"),
     not_modelled=(
         "MoE at dp > 1: DBO micro-batching, EPLB, the engine core's gloo "
-        "all-reduce every 32 steps (patterns/moe.py lists them)",
+        "all-reduce every 32 steps",
         "decodes of early-finished prompts mixed into later prefill chunks",
         "gloo send_object of PP metadata; the shared-memory SchedulerOutput broadcast",
         "sequence parallelism / AsyncTP (off for dense models by default)",
-        "speculative decoding unless --speculative-config is given (patterns/speculative.py)",
+        "speculative decoding unless --speculative-config is given",
     ),
 )
 
