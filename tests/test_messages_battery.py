@@ -126,9 +126,8 @@ def test_a_workload_is_named_by_its_requests(cli):
     assert status == 0, err
     assert "requests: prompt 120..2,600 tokens, output 3..12 tokens" in out
     # ... and so does a replay's title (the same pattern, built as replay builds it)
-    from microbench.cli.pattern_args import pattern_from_args
-
     from microbench.cli import build_parser
+    from microbench.options.pattern_args import pattern_from_args
     from microbench.views.pattern import title
     argv = ["replay", "--model", "llama-3.1-70b", "--tp", "8", "--requests",
             str(ROOT / "examples" / "workloads" / "small.jsonl"), "--step-time-ms", "30"]

@@ -118,7 +118,7 @@ def workload_lanes(args: argparse.Namespace, model: Any, engine_gpu: str) -> Any
     if not getattr(args, "requests", None) or args.speculative_config:
         return None
     from microbench.analysis.workload_plan import lanes_of
-    from microbench.cli.pattern_args import options_from_args
+    from microbench.options.pattern_args import options_from_args
     from patterns.engines.workloads import workload_pattern
     from patterns.workload.requests import read_requests
     requests = list(read_requests(args.requests))
