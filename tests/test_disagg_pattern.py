@@ -159,6 +159,11 @@ def test_sliding_window_blocks_the_decode_side_allocates():
     assert pairs(transfer(oss, "prefill=tp4,decode=tp4", prompt=143))[0][5] == 306
     assert pairs(transfer(oss, "prefill=tp4,decode=tp4", prompt=143,
                           version="cda19ecf"))[0][5] == 612
+    # The decode memory check holds the same: 1000 + 24 = 1,024 tokens keep 8 sliding blocks
+    # (128 tokens) a layer: 18 x 1,024 x 512 + 18 x 128 x 512 bytes (2 heads x 256 a token).
+    d = generate_disagg("vllm", oss, parse_disagg("prefill=tp4,decode=tp4"),
+                        Workload(prompt=1000, decode=24), EngineOptions())
+    assert d.decode_memory[1] == 18 * 1024 * 512 + 18 * 128 * 512
 
 
 def test_sliding_layers_read_from_config():

@@ -9,6 +9,7 @@ from patterns.disagg.transfer import KVTransfer, plan_transfer
 from patterns.dtypes import DTYPE_BYTES
 from patterns.engines import generate
 from patterns.engines.sglang.profile import chunked_prefill_size
+from patterns.engines.vllm.nixl_connector import sliding_blocks_read
 from patterns.errors import ConfigError
 from patterns.layout import Workload
 from patterns.models import ModelConfig
@@ -37,13 +38,14 @@ def decode_memory(model: ModelConfig, disagg: DisaggLayout, workload: Workload, 
                   ) -> tuple[int, int]:
     """(weights, KV cache) of the fullest decode rank when it holds the batch's whole
     sequences (prompt + output tokens of each request), from patterns/weights.py. vLLM's
-    hybrid manager keeps a sliding-window layer's last cdiv(window, block) + 1 blocks of a
-    request (patterns/engines/vllm/nixl_connector.py), so those layers count that much, not more."""
+    hybrid manager keeps of a sliding-window layer only the blocks inside the window
+    (`sliding_blocks_read`, patterns/engines/vllm/nixl_connector.py), so those layers count
+    that much, not more."""
     sequence = workload.prompt + workload.decode
     weights, cache = gpu_memory_bytes(model, disagg.decode, dtype, workload.batch * sequence)
     sliding = len(model.sliding_layers) if model.sliding_window else 0
     if engine == "vllm" and sliding:
-        kept = min(sequence, (-(-model.sliding_window // block) + 1) * block)
+        kept = min(sequence, sliding_blocks_read(sequence, model.sliding_window, block) * block)
         layers = model.num_hidden_layers
         cache = cache * (layers - sliding) // layers + cache * sliding * kept // (
             layers * sequence)
