@@ -17,7 +17,15 @@ def _gpu_standin_hook() -> None:
     if os.environ.get("INFERCOMM_GPU_STANDIN", "") in ("", "0"):
         return
     import importlib
-    importlib.import_module("tests.gpu_standin").install()
+    import sys
+    try:
+        standin = importlib.import_module("tests.gpu_standin")
+    except ImportError:
+        sys.stderr.write("infercomm: error: INFERCOMM_GPU_STANDIN is set, but the test suite's "
+                         "stand-ins (tests/gpu_standin.py of a source checkout) cannot be "
+                         "imported here; unset INFERCOMM_GPU_STANDIN\n")
+        raise SystemExit(2) from None
+    standin.install()
 
 
 _gpu_standin_hook()

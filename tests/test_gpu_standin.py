@@ -159,3 +159,27 @@ def test_mixing_support_zero_flags_an_eager_call_during_a_graph(nccl, monkeypatc
     backend.synchronize()
     op.call()  # after a synchronize: supported
     release_graphs(Plan(0, 0, [], {}, graphs=[launch]), backend)
+
+
+def test_every_multi_rank_gpu_test_skips_with_the_count_on_a_one_gpu_node():
+    """N2: one rank a GPU (ranks/device.py refuses a second on one device), so every GPU
+    test that launches N > 1 ranks must skip, saying N, where the node has fewer; run here
+    on a stand-in node of one GPU, every gpu test but the world-size-one ones."""
+    import os
+    import re
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    files = ["tests/test_gpu.py", "tests/test_gpu_device.py", "tests/test_gpu_nccl.py",
+             "tests/test_gpu_traces.py"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider",
+         "-k", "not one_gpu and not world_size_one", *files],
+        capture_output=True, text=True, timeout=240, cwd=repo, check=False,
+        env={**os.environ, gpu_standin.GPUS_ENV: "1"})
+    summary = proc.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"\d+ skipped, \d+ deselected in .*", summary), proc.stdout[-3000:]
+    reasons = re.findall(r"^SKIPPED \[\d+\] \S+: (.*)$", proc.stdout, re.M)
+    assert reasons and all(re.fullmatch(r"needs [2-9] GPUs \(one a rank\); this node has 1", r)
+                           for r in reasons), reasons

@@ -41,6 +41,7 @@ def test_replay_log_validates_equal(tmp_path: Path, backend: str) -> None:
                         "--graph", "none", "-w", "0", "-n", "1", "--out",
                         str(tmp_path / "results"), env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "[infercomm] -w 0 on a GPU" in proc.stderr  # one-time costs in the timed run
     files = sorted(str(p) for p in logs.glob("nccl.*.log"))
     assert len(files) == 2  # one per rank
     proc, _ = infercomm("trace", *files)
