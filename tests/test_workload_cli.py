@@ -85,9 +85,18 @@ def test_step_time_without_requests_refused():
     ("--no-async-scheduling", "sglang", "it applies to vllm"),
     ("--disable-overlap-schedule", "vllm", "--disable-overlap-schedule does not apply to "
      "engine vllm; it applies to sglang"),
+    ("--disable-overlap-schedule", "sglang-batch", "--disable-overlap-schedule goes with "
+     "--requests"),
 ])
 def test_scheduling_switch_of_another_engine_refused(tmp_path, flag, engine, words):
-    proc, _ = infercomm(*BASE, "--prompt", "8", "--decode", "2", "--engine", engine, flag)
+    if engine == "sglang-batch":  # a batch pattern: the switch changes nothing there
+        proc, _ = infercomm(*BASE, "--prompt", "8", "--decode", "2", "--engine", "sglang",
+                            flag)
+        assert proc.returncode == 2 and words in proc.stderr, proc.stderr
+        return
+    f = tmp_path / "w.jsonl"
+    f.write_text('{"arrival_s": 0, "prompt": 8, "output": 2}\n')
+    proc, _ = infercomm(*BASE, "--requests", str(f), "--engine", engine, flag)
     assert proc.returncode == 2 and words in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and proc.stdout == ""
 

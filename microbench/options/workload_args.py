@@ -114,3 +114,10 @@ def refuse_workload_options(args: argparse.Namespace) -> None:
         if getattr(args, flag[2:].replace("-", "_"), None):
             raise UsageError(f"{flag} goes with --requests (or --speculative-config for "
                              "--acceptance-*)")
+    if getattr(args, "disable_overlap_schedule", False):
+        # Not silently ignored: the modes differ only in how a stream of requests is
+        # scheduled (patterns/engines/sglang/scheduler.py).
+        raise UsageError("--disable-overlap-schedule goes with --requests: a batch pattern lists "
+                         "the batch's own steps, the same under either SGLang scheduler; the "
+                         "overlap scheduler's extra decode batch and later admissions are "
+                         "modelled over a workload")
