@@ -94,14 +94,15 @@ def test_deepseek_v3_dp8_ep8_tp1_flashinfer_cutlass_bf16_dispatch(options):
     assert decode.ops[1].bytes == 128 * 7168 * 2
 
 
-@pytest.mark.parametrize("gpu, ep, backend, words", [
-    ("b200", True, "flashinfer-cutlass", "SM90 only"),
-    ("h100", True, "marlin", "does not run block-fp8 experts"),
+@pytest.mark.parametrize("gpu, a2a, backend, words", [
+    ("b200", "allgather_reducescatter", "flashinfer-cutlass", "SM90 only"),
+    ("h100", "allgather_reducescatter", "marlin", "does not run block-fp8 experts"),
+    ("h100", "deepep_ll", "flashinfer-cutlass", "not DeepEP low latency's batched one"),
 ])
-def test_fp8_moe_backend_refusals(gpu, ep, backend, words):
+def test_fp8_moe_backend_refusals(gpu, a2a, backend, words):
     with pytest.raises(ConfigError, match=words):
-        generate("vllm", DEEPSEEK, Layout(dp=8, ep=ep), Workload(16, 3, batch=8),
-                 EngineOptions(gpu=gpu, moe_backend=backend))
+        generate("vllm", DEEPSEEK, Layout(dp=8, ep=True), Workload(16, 3, batch=8),
+                 EngineOptions(gpu=gpu, moe_backend=backend, a2a=a2a))
 
 
 def test_deepseek_v3_dp2_tp4_ep_sequence_parallel():

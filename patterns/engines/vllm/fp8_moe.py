@@ -19,9 +19,15 @@ Code read: vLLM upstream main of 2026-08-03 = modal-projects/vllm @ c8109375, `v
   16-52, 112-185` then dispatches the bf16 hidden states as they are, with no scale tensor
   ("Skip gathering scales if ... quantization is deferred"); otherwise (Triton, DeepGEMM)
   it quantises first and gathers fp8 values and fp32 scales, one per 128 channels.
-So DeepSeek-V3 at --dp N --ep on an H100 dispatches bf16 by default. Other GPUs keep the
-quantised dispatch here (their priority lists were not re-read for this rule); DeepEP's
-own messages (`--a2a deepep_ll|deepep_ht`, `patterns/deepep.py`) are left as they were.
+- DeepEP: `prepare_finalize/deepep_ht.py:288-312` quantises block-fp8 inputs before the
+  dispatch only `if quant_config.is_block_quantized and not defer_input_quant`, so under
+  FlashInfer CUTLASS its messages carry bf16 rows; DeepEP low latency dispatches the batched
+  activation format (`deepep_ll.py:238-243, 353-358` refuse defer_input_quant), which
+  FlashInferExperts does not take (`activation_format` Standard, flashinfer_cutlass_moe.py:
+  202-203), so the oracle moves on to a batched kernel (BATCHED_DEEPGEMM) that quantises.
+So DeepSeek-V3 at --dp N --ep on an H100 dispatches bf16 by default (all-gather or DeepEP
+high throughput). Other GPUs keep the quantised dispatch here (their priority lists were not
+re-read for this rule).
 """
 
 from patterns.errors import ConfigError
@@ -31,8 +37,10 @@ FP8_BACKENDS = ("flashinfer-cutlass", "deep-gemm", "triton")
 SM90 = frozenset({"h100", "h200"})
 
 
-def fp8_moe_backend(gpu: str, ep: bool, chosen: str | None) -> str:
+def fp8_moe_backend(gpu: str, ep: bool, chosen: str | None,
+                    a2a: str = "allgather_reducescatter") -> str:
     """The kernel of block-fp8 experts: the one given, else vLLM's first choice."""
+    batched = a2a == "deepep_ll"  # the batched activation format
     if chosen is not None:
         if chosen not in FP8_BACKENDS:
             raise ConfigError(f"moe-backend {chosen!r} does not run block-fp8 experts; use one "
@@ -40,13 +48,19 @@ def fp8_moe_backend(gpu: str, ep: bool, chosen: str | None) -> str:
         if chosen == "flashinfer-cutlass" and gpu not in SM90:
             raise ConfigError(f"moe-backend flashinfer-cutlass runs block-fp8 experts on SM90 "
                               f"only (h100, h200), not {gpu}; use deep-gemm or triton")
+        if chosen == "flashinfer-cutlass" and batched:
+            raise ConfigError("moe-backend flashinfer-cutlass takes the standard activation "
+                              "format, not DeepEP low latency's batched one; use deep-gemm or "
+                              "triton, or --a2a deepep_ht")
         return chosen
-    if gpu in SM90:
+    if gpu in SM90 and not batched:
         return "flashinfer-cutlass" if ep else "triton"
     return "deep-gemm"
 
 
-def defers_input_quant(weight_format: str, gpu: str, ep: bool, chosen: str | None) -> bool:
+def defers_input_quant(weight_format: str, gpu: str, ep: bool, chosen: str | None,
+                       a2a: str = "allgather_reducescatter") -> bool:
     """True when a block-fp8 checkpoint's dispatch carries bf16 hidden states and no scales
     (FlashInfer CUTLASS quantises inside the kernel)."""
-    return weight_format == "fp8" and fp8_moe_backend(gpu, ep, chosen) == "flashinfer-cutlass"
+    return (weight_format == "fp8"
+            and fp8_moe_backend(gpu, ep, chosen, a2a) == "flashinfer-cutlass")

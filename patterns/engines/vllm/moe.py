@@ -113,7 +113,7 @@ def vllm_moe_layer(prefix: str, layout: Layout, tokens: Sequence[int], dp_rank: 
     ops: list[Op] = []
     if a2a in DEEPEP_MODES:  # DeepEP's messages, fp8 for block-fp8 checkpoints
         ops += deepep_ops(prefix, dp * tp, max(chunks), top_k, w_in, dtype, a2a,
-                          weight_format)
+                          "" if defer_quant else weight_format)  # deferred: bf16 rows
     elif a2a == "alltoall":  # --ep here (checked above): EP group of dp x tp
         per_peer = ceil_div(max(chunks) * top_k, dp * tp)
         shape = ((dp * tp) * per_peer, hidden)

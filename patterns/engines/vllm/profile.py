@@ -143,7 +143,7 @@ def moe_layer_ops(st: Stage, layer: int, tokens: int, feeds_rmsnorm: bool) -> li
     widths = moe_widths(st.h, st.model.weight_format, st.options.gpu, st.options.moe_backend)
     # Block-fp8 experts under FlashInfer CUTLASS take bf16 inputs (fp8_moe.py).
     defer = defers_input_quant(st.model.weight_format, st.options.gpu, st.layout.ep,
-                               st.options.moe_backend)
+                               st.options.moe_backend, st.options.a2a)
     ops = vllm_moe_layer(prefix, st.layout, st.dp_tokens, st.dp_rank, st.h,
                          st.model.num_experts_per_tok, st.dtype, st.options.a2a,
                          st.model.weight_format, widths, defer)
@@ -338,7 +338,7 @@ def _check_moe_backend(model: ModelConfig, layout: Layout, options: EngineOption
                               f"{', '.join(MXFP4_BACKENDS)}")
         return
     if model.weight_format == "fp8":
-        fp8_moe_backend(options.gpu, layout.ep, chosen)  # refuses what vLLM refuses
+        fp8_moe_backend(options.gpu, layout.ep, chosen, options.a2a)  # refuses as vLLM does
         return
     raise ConfigError(f"moe-backend picks the kernel of mxfp4 (gpt-oss) or block-fp8 MoE "
                       f"checkpoints; {model.name} is neither: drop --moe-backend")
