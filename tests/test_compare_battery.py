@@ -106,3 +106,41 @@ def test_a_meta_json_of_wrong_types_is_one_line(cli, tmp_path, key, value, words
         assert status == 2 and out == "" and "Traceback" not in err, err
         assert len(err.strip().splitlines()) == 1 and words in err, err
     assert not (tmp_path / "r.html").exists()
+
+
+def shortened(run: Path, dest: Path, rows: int, factor: float = 1.0) -> Path:
+    """A copy of `run` keeping its first `rows` timed iterations, every *_us time x factor
+    (meta.json's iterations set to match)."""
+    import csv
+    shutil.copytree(run, dest)
+    with open(run / "iterations.csv", newline="") as f:
+        kept = list(csv.DictReader(f))[:rows]
+    with open(dest / "iterations.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(kept[0]), lineterminator="\n")
+        writer.writeheader()
+        for r in kept:
+            writer.writerow({k: repr(float(v) * factor) if k.endswith("_us") and v else v
+                             for k, v in r.items()})
+    meta = json.loads((run / "meta.json").read_text())
+    (dest / "meta.json").write_text(json.dumps({**meta, "iterations": rows}))
+    return dest
+
+
+def test_few_samples_decide_only_far_from_one(cli, tmp_path):
+    # newcomer: the README's replay (-n 3) could never be compared: under 5 samples a run
+    # every metric was inconclusive, even at x4. Now an interval wholly beyond x2 (after the
+    # x1.4 drift allowance of one run a side) decides, flagged; one near 1 does not.
+    a = shortened(RUNS[0], tmp_path / "a", 3)
+    b = shortened(RUNS[1], tmp_path / "b", 3, factor=4.0)
+    status, out, err = cli("compare", str(a), str(b))
+    line = json.loads(out.strip().splitlines()[-1])
+    assert status == 1, err
+    for m in line["metrics"]:
+        # runs 1 and 2 are within 1.31x of each other (test_compare_runs): x4 puts the
+        # widened interval above 4 / 1.31 / 1.4 = 2.2 > 2
+        assert m["verdict"] == "regression" and m["ci_low"] > 2, m
+        assert "few samples (3 a run): decided as the interval lies beyond x2" in m["flags"]
+    c = shortened(RUNS[1], tmp_path / "c", 3, factor=1.2)
+    status, out, _ = cli("compare", str(a), str(c))
+    line = json.loads(out.strip().splitlines()[-1])
+    assert status == 3 and {m["verdict"] for m in line["metrics"]} == {"inconclusive"}

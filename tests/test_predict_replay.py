@@ -46,6 +46,10 @@ BACKENDS = [pytest.param("mpi", marks=needs_mpi), "torch"]
 # benchmark's gloo medians are 1.00-1.26): a known bias, so gloo is held to 30%.
 TOLERANCE = {"mpi": 0.15, "torch": 0.30}
 STEADY = 0.05  # two measurements of the same thing agree this closely, or nothing is decided
+# A gap no noise explains (issue 34: a 24x gap was skipped as unsteady): the worst noise seen
+# here is 2.9x (two identical replays, 1.38 and 3.97 ms, module doc), so the closest pair of
+# measured and predicted figures 5x apart fails, however unsteady the machine.
+GROSS = 5.0
 
 
 def _cores() -> int:
@@ -108,6 +112,11 @@ def test_predicted_within_ten_percent(twice, layout):
                 for kind, pair in (("predictions", p), ("replays", v))
                 if _spread(*pair) > STEADY]
     tolerance = TOLERANCE[backend]
+    for metric, predicted, measured, _ in figures:  # beyond any noise: no skip can excuse it
+        gap = max(min(measured) / max(predicted), min(predicted) / max(measured))
+        assert gap < GROSS, (f"{backend} {layout} {metric}: measured {measured} us, predicted "
+                             f"{predicted} us: every pair {gap:.1f}x apart, beyond the "
+                             f"{GROSS}x no noise of this machine reached")
     if unsteady:
         pytest.skip(f"{backend} {layout}: the machine did not repeat itself within "
                     f"{STEADY:.0%} ({', '.join(unsteady)}), so a {tolerance:.0%} prediction "

@@ -11,7 +11,8 @@ Runs, not iterations, are the unit of a verdict. For each metric, with each side
 - verdict, with t the threshold (default 0.05), read from that interval:
   "faster" when it lies below 1, "slower" when above 1; "same" when it holds 1 and lies
   within [1/(1+t), 1+t]; "inconclusive" when it holds 1 but reaches past either, or a run
-  has fewer than MIN_SAMPLES samples (a bootstrap median of 1 to 4 samples is far too narrow);
+  has fewer than MIN_SAMPLES samples (a bootstrap median of 1 to 4 samples is far too narrow)
+  unless the interval lies wholly beyond x FAR (2): then decided, and flagged;
 - "regression" replaces "slower" when the ratio also exceeds 1 + t: beyond doubt, beyond
   drift, and by more than the threshold. The CLI exits 1 on it.
 An inconclusive metric says what would decide it: runs a side (runs_needed; MIN_RUNS when a
@@ -44,6 +45,10 @@ THRESHOLD = 0.05
 DRIFT = 0.40
 MIN_SAMPLES = 5
 MIN_RUNS = 3
+# With fewer than MIN_SAMPLES samples a run the interval is too narrow to trust near 1, but
+# one wholly beyond x2 (after the drift allowance) is no artefact of few samples: decided,
+# flagged. Twice the 1.31x drift of tests/data/compare-drift would still not reach it.
+FAR = 2.0
 VERDICTS = ("faster", "same", "slower", "regression", "inconclusive")
 
 
@@ -146,7 +151,8 @@ def compare_sides(label: str, metric: str, a_runs: list[np.ndarray],
         low, high = low / (1 + allowed), high * (1 + allowed)
     samples = min(x.size for x in [*a_runs, *b_runs])
     word = verdict(low, high, threshold)
-    if samples < MIN_SAMPLES:
+    decided_few = samples < MIN_SAMPLES and (low > FAR or high < 1 / FAR)
+    if samples < MIN_SAMPLES and not decided_few:
         word = "inconclusive"
     iters = runs_more = None
     if word == "inconclusive":
@@ -158,6 +164,9 @@ def compare_sides(label: str, metric: str, a_runs: list[np.ndarray],
             runs_more = iterations_needed(ratio, low, high, threshold, runs)
     regression = word == "slower" and ratio > 1 + threshold
     flags = [*shape_flags("A", np.concatenate(a_runs)), *shape_flags("B", np.concatenate(b_runs))]
+    if decided_few:
+        flags.append(f"few samples ({samples} a run): decided as the interval lies beyond "
+                     f"x{FAR:g}")
     return Comparison(label, metric, float(np.median(np.concatenate(a_runs))),
                       float(np.median(np.concatenate(b_runs))), ratio, low, high,
                       "regression" if regression else word, regression,

@@ -10,6 +10,7 @@ from typing import Any
 
 from microbench.analysis.compare import (
     DRIFT,
+    FAR,
     MIN_RUNS,
     MIN_SAMPLES,
     RESAMPLES,
@@ -231,7 +232,8 @@ def render(args: argparse.Namespace, legend: list[str], results: list[Comparison
                if one_run else "")
             + f"; regression = slower and ratio > {1 + args.threshold:g}; inconclusive = the "
             f"CI holds 1 and reaches past [{1 / (1 + args.threshold):.3f}, "
-            f"{1 + args.threshold:g}] or a run has fewer than {MIN_SAMPLES} samples; drift = "
+            f"{1 + args.threshold:g}] or a run has fewer than {MIN_SAMPLES} samples (unless the "
+            f"CI lies beyond x{FAR:g}, flagged); drift = "
             f"CV of the runs' medians")
     diff_lines = []
     for letter, found in diffs.items():
