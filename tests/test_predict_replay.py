@@ -46,10 +46,12 @@ BACKENDS = [pytest.param("mpi", marks=needs_mpi), "torch"]
 # benchmark's gloo medians are 1.00-1.26): a known bias, so gloo is held to 30%.
 TOLERANCE = {"mpi": 0.15, "torch": 0.30}
 STEADY = 0.05  # two measurements of the same thing agree this closely, or nothing is decided
-# A gap no noise explains (issue 34: a 24x gap was skipped as unsteady): the worst noise seen
-# here is 2.9x (two identical replays, 1.38 and 3.97 ms, module doc), so the closest pair of
-# measured and predicted figures 5x apart fails, however unsteady the machine.
-GROSS = 5.0
+# A gap no noise explains (issue 34: a 24x gap was skipped as unsteady). The worst noise seen:
+# two identical replays 2.9x apart (1.38 and 3.97 ms, module doc); with 8 jobs on the 2-core
+# VM, two sweeps' PP2 prefill predictions 3.7x apart (1737.7 and 6473.2 us) and the closest
+# predicted and measured pair 7.5x apart (1737.7 against 231.5 us). The closest pair 10x
+# apart fails, however unsteady the machine.
+GROSS = 10.0
 
 
 def _cores() -> int:

@@ -73,6 +73,7 @@ def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.
         "batch": pattern.workload.batch, "dtype": pattern.workload.dtype,
         "iterations": args.iters, "warmup": args.warmup, "timing": args.timing,
         "graph": args.graph,
+        "allreduce_algo": getattr(args, "allreduce_algo", None) or "library",
         "prefill_steps": plan.prefill_steps, "decode_steps": steps,
         **head,
         "calls_per_inference": calls, "by_op": by_op, "wrong": wrong,
@@ -93,7 +94,7 @@ def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.
                                         ITERATION_COLUMNS)}
     if ops_csv is not None and ops_error is None:
         files["ops.csv"] = ops_csv  # streamed there by op_samples.gather_to_csv
-    label = args.label or default_label(pattern, backend.name)
+    label = args.label or default_label(pattern, backend.name, summary["allreduce_algo"])
     from microbench.replay.workload import workload_times
     summary["workload"] = workload_times(pattern, ranks, files)  # --requests: per request
     files["summary.json"] = json_text(summary)
@@ -113,6 +114,7 @@ def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.
         print("\n".join(workload_lines(summary["workload"])))
     last_keys = ["backend", "transport", "device", "world_size", "model", "engine", "tp", "pp",
                  "dp", "ep", "prompt", "decode", "batch", "dtype", "iterations", "timing",
+                 "allreduce_algo",
                  "prefill_us", "decode_step_us", "decode_step_p99_us", "e2e_us",
                  "calls_per_inference", "wrong", "results_dir"]
     summary["last_line"] = {k: summary[k] for k in last_keys}
@@ -128,10 +130,12 @@ def _engine_transports(pattern: Pattern) -> dict[str, int]:
     return {t.value: n for t, n in sorted(calls.items(), key=lambda kv: -kv[1])}
 
 
-def default_label(pattern: Pattern, backend: str) -> str:
+def default_label(pattern: Pattern, backend: str, algo: str = "library") -> str:
+    """...-ring (etc.) when --allreduce-algo is not the library's own."""
     lay = pattern.layout
     dp = (f"dp{lay.dp}" if lay.dp > 1 else "") + ("ep" if lay.ep else "")
-    return f"replay-{pattern.model.name.split('/')[-1]}-tp{lay.tp}pp{lay.pp}{dp}-{backend}"
+    return (f"replay-{pattern.model.name.split('/')[-1]}-tp{lay.tp}pp{lay.pp}{dp}-{backend}"
+            + ("" if algo == "library" else f"-{algo}"))
 
 
 def header_title(pattern: Pattern) -> str:

@@ -85,7 +85,8 @@ def write_sweep(cases: list[Case], pattern: Pattern | None, backend: Any,
             row["level"] = case_level(case, nodes)
     head = {"kind": "sweep", "backend": backend.name, "transport": backend.transport,
             "device": backend.device, "world_size": backend.world_size,
-            "iterations": args.iters, "warmup": args.warmup}
+            "iterations": args.iters, "warmup": args.warmup,
+            "allreduce_algo": getattr(args, "allreduce_algo", None) or "library"}
     from microbench.ranks import cpus
 
     where = cpus.placement(hosts, backend.device)
@@ -106,7 +107,7 @@ def write_sweep(cases: list[Case], pattern: Pattern | None, backend: Any,
     summary = {**head, "wrong": None if None in wrongs else sum(wrongs), "rows": rows}
     files = {"meta.json": json_text(meta), "sweep.csv": csv_text(rows, columns),
              "samples.csv": csv_text(samples, SAMPLE_COLUMNS), "summary.json": json_text(summary)}
-    label = args.label or default_label(pattern, backend)
+    label = args.label or default_label(pattern, backend, head["allreduce_algo"])
     folder, error = write_run_or_keep(args.out, label, files)
     print(sweep_table(rows, head, hosts, pattern is not None))
     print(f"results: {folder}")
@@ -116,12 +117,14 @@ def write_sweep(cases: list[Case], pattern: Pattern | None, backend: Any,
             "write_error": error, "kept_dir": folder}
 
 
-def default_label(pattern: Pattern | None, backend: Any) -> str:
+def default_label(pattern: Pattern | None, backend: Any, algo: str = "library") -> str:
+    """...-ring (etc.) when --allreduce-algo is not the library's own."""
+    suffix = "" if algo == "library" else f"-{algo}"
     if pattern is None:
-        return f"sweep-{backend.name}-{backend.transport}-w{backend.world_size}"
+        return f"sweep-{backend.name}-{backend.transport}-w{backend.world_size}{suffix}"
     lay = pattern.layout
     return (f"sweep-{pattern.model.name.split('/')[-1]}-tp{lay.tp}pp{lay.pp}-"
-            f"{backend.name}-{backend.transport}")
+            f"{backend.name}-{backend.transport}{suffix}")
 
 
 def sweep_table(rows: list[dict[str, Any]], head: dict[str, Any], hosts: list[str],
@@ -131,7 +134,8 @@ def sweep_table(rows: list[dict[str, Any]], head: dict[str, Any], hosts: list[st
 
     lines = [f"# infercomm sweep: {head['backend']} ({head['transport']}) on {head['device']}, "
              f"{head['world_size']} ranks on {len(set(hosts))} host(s); {head['iterations']} "
-             f"timed calls after {head['warmup']} warm-up; time = median of the slowest "
+             f"timed calls after {head['warmup']} warm-up; all-reduce: "
+             f"{head.get('allreduce_algo', 'library')}; time = median of the slowest "
              f"rank's, run = a call's share of {RUN_CALLS} back to back (what predict fits), "
              "GB/s = 1e9 bytes/s"]
     header = ["size", "count", "type", "time(us)", "p5(us)", "p95(us)", "run(us)", "algbw(GB/s)",

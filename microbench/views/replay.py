@@ -30,7 +30,8 @@ def replay_table(summary: dict[str, Any], title: str) -> str:
           if s.get("engine_transports") else []),
         f"backend {s['backend']} ({s['transport']}) on {s['device']}, {s['world_size']} ranks "
         f"on {len(set(s['hosts']))} host(s); {s['iterations']} timed inferences after "
-        f"{s['warmup']} warm-up; timing per {s['timing']}; figures are the slowest rank's",
+        f"{s['warmup']} warm-up; timing per {s['timing']}; all-reduce: "
+        f"{s.get('allreduce_algo', 'library')}; figures are the slowest rank's",
         "",
     ]
     rows = [
