@@ -243,6 +243,10 @@ def test_sweep_check_and_meta_name_the_algorithm(tmp_path):
     meta = json.loads((Path(summary["results_dir"]) / "meta.json").read_text())
     assert meta["versions"]["allreduce_algo"] == "rabenseifner"
     assert meta["versions"]["allreduce_algo_nodes"] == [0, 0]  # both ranks on this host
+    # issue 34: named in the header, the last line and the folder's name as well
+    assert summary["allreduce_algo"] == "rabenseifner"
+    assert summary["results_dir"].endswith("-w2-rabenseifner")
+    assert "all-reduce: rabenseifner" in proc.stdout.splitlines()[0]
 
 
 def test_compare_names_the_algorithm_that_differs():

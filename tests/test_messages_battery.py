@@ -134,3 +134,17 @@ def test_a_workload_is_named_by_its_requests(cli):
     pattern = pattern_from_args(build_parser(argv).parse_args(argv))
     assert "| 6 requests (prompt 120..2,600, output 3..12) bf16" in title(pattern)
     assert "prompt=2600" not in title(pattern)
+
+
+def test_replay_names_its_allreduce_algorithm(tmp_path):
+    # newcomer: --allreduce-algo was in meta.json only; a ring replay read like any other.
+    from tests.replay_helpers import infercomm, last_json, tiny_model
+    proc, _ = infercomm("replay", "--model", tiny_model(tmp_path), "--tp", "2", "--prompt",
+                        "4", "--decode", "2", "-n", "1", "-w", "0", "--backend", "torch",
+                        "--device", "cpu", "--allreduce-algo", "ring", "--out",
+                        str(tmp_path / "o"), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    last = last_json(proc.stdout)
+    assert last["allreduce_algo"] == "ring" and last["results_dir"].endswith("-torch-ring")
+    assert any(line.startswith("backend torch") and "all-reduce: ring" in line
+               for line in proc.stdout.splitlines())
