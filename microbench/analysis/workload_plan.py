@@ -25,7 +25,7 @@ stages add to every step.
 
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from microbench.analysis.fits import Topology, fit_for, stand_in_note
@@ -49,6 +49,10 @@ class Lanes:
     model: ModelConfig
     lanes: tuple[Any, ...]  # WorkloadPattern per lane (patterns/workload/steps.py)
     routing: str
+    # Shared by the layouts of one plan (lanes_of's `shared`): each step's TP communication
+    # and volume by (tp, the step's ops tuple, which equal step shapes of a lane share), and
+    # per tp the levels and notes its pricing gave the topology, said again on reuse.
+    shared: dict[Any, Any] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def workload(self) -> Any:
@@ -77,8 +81,11 @@ def route(requests: list[Request], dp: int, routing: str,
 
 
 def lanes_of(make_lane: Any, model: ModelConfig, layout: Layout, requests: list[Request],
-             routing: str, step_time_s: float | None) -> Lanes:
-    """`make_lane(requests)`: the workload pattern of one lane at tp, pp 1, dp 1."""
+             routing: str, step_time_s: float | None,
+             shared: dict[Any, Any] | None = None) -> Lanes:
+    """`make_lane(indices)`: the workload pattern of one lane at tp, pp 1, dp 1, of the
+    requests at those indices (round-robin, they depend on dp x pp alone: layouts of one tp
+    and one dp x pp share their lanes, which the maker may keep)."""
     if model.is_moe and (layout.dp > 1 or layout.ep):
         raise ConfigError("--requests over DP replicas of a MoE model (DP attention, whose "
                           "ranks step together) is not modelled; plan prices its dp 1 "
@@ -86,12 +93,10 @@ def lanes_of(make_lane: Any, model: ModelConfig, layout: Layout, requests: list[
     lanes = []
     for replica in route(requests, layout.dp, routing, step_time_s):
         for k in range(layout.pp):
-            own = [requests[i] for i in replica[k::layout.pp]]
-            if not own:
-                raise ConfigError(f"{len(requests)} requests leave a batch of dp({layout.dp})"
-                                  f" x pp({layout.pp}) empty: fewer replicas or stages")
-            lanes.append(make_lane(own))
-    return Lanes(layout, model, tuple(lanes), routing)
+            own = replica[k::layout.pp]
+            if own:  # fewer requests than lanes: the others idle
+                lanes.append(make_lane(own))
+    return Lanes(layout, model, tuple(lanes), routing, {} if shared is None else shared)
 
 
 def _stage_extra_us(lanes: Lanes, topology: Topology, tokens: int, samples: int) -> float:
@@ -131,7 +136,11 @@ def price_lanes(lanes: Lanes, topology: Topology, gpu: str,
     extra: dict[tuple[int, int], float] = {}
     floors: dict[Any, float] = {}
     costs = Costs(lanes.lanes[0], topology)  # every lane has the layout tp, pp 1, dp 1
-    step_comm: dict[int, float] = {}  # by the ops tuple a step shape shares (steps.py)
+    tp = layout.tp
+    # The TP group of every lane is ranks 0 .. tp - 1: across nodes only if wider than one.
+    topology.used.add("inter" if topology.spans(list(range(tp))) else "intra")
+    said = lanes.shared.setdefault(("notes", tp), set())  # what pricing its steps noted
+    topology.notes |= said
     for lane in lanes.lanes:
         schedule = lane.schedule
         requests = lane.requests
@@ -142,10 +151,12 @@ def price_lanes(lanes: Lanes, topology: Topology, gpu: str,
             key = (step.tokens, shape.samples)
             if key not in extra:
                 extra[key] = _stage_extra_us(lanes, topology, *key)
-            own = step_comm.get(id(step.ops))
+            own = lanes.shared.get(("comm", tp, id(step.ops)))
             if own is None:
-                own = step_comm[id(step.ops)] = sum(costs.of(0, 0, op).busy_us
-                                                    for op in step.ops)
+                before = set(topology.notes)
+                own = sum(costs.of(0, 0, op).busy_us for op in step.ops)
+                lanes.shared[("comm", tp, id(step.ops))] = own
+                said |= topology.notes - before
             comm.append(own + extra[key])
             fkey = (shape, round(context))
             if fkey not in floors:
@@ -163,7 +174,7 @@ def price_lanes(lanes: Lanes, topology: Topology, gpu: str,
     c, f = summary(comm_figs), summary(floor_figs)
     pp = layout.pp
     peak = max(sum(kv_tokens(lane) for lane in lanes.lanes[r * pp:(r + 1) * pp])
-               for r in range(layout.dp))
+               for r in range(-(-len(lanes.lanes) // pp)))
     return ((c["ttft"]["p90"] or 0.0, c["tpot"]["p90"] or 0.0, max(comm_ends)),
             (f["ttft"]["p90"] or 0.0, f["tpot"]["p90"] or 0.0, max(floor_ends)), peak)
 
@@ -175,7 +186,7 @@ def lanes_volume(lanes: Lanes) -> int:
     layout = lanes.layout
     dtype = lanes.workload.dtype or lanes.model.default_dtype
     hop = 2 * lanes.model.hidden_size * DTYPE_BYTES[dtype] * layout.tp * (layout.pp - 1)
-    per_step: dict[int, float] = {}
+    per_step = lanes.shared.setdefault(("volume", layout.tp), {})
     total = 0.0
     broadcasts = layout.pp > 1 and lanes.lanes[0].engine == "vllm"
     for lane in lanes.lanes:

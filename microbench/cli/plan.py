@@ -125,12 +125,19 @@ def workload_lanes(args: argparse.Namespace, model: Any, engine_gpu: str) -> Any
     options = options_from_args(argparse.Namespace(**{**vars(args), "gpu": engine_gpu}))
     step_time_s = None if args.step_time_ms is None else args.step_time_ms / 1e3
 
+    made: dict[tuple[int, tuple[int, ...]], Any] = {}  # (tp, request indices) -> lane
+    shared: dict[Any, Any] = {}  # steps priced once for every layout (workload_plan.Lanes)
+
     def make(layout: Any) -> Any:
-        def lane(own: list[Any]) -> Any:
-            return workload_pattern(args.engine, model, type(layout)(tp=layout.tp), own,
-                                    args.dtype, options, step_time_s, None, args.requests,
-                                    args.mixed_chunk)
-        return lanes_of(lane, model, layout, requests, args.dp_routing, step_time_s)
+        def lane(indices: list[int]) -> Any:
+            key = (layout.tp, tuple(indices))
+            if key not in made:
+                made[key] = workload_pattern(args.engine, model, type(layout)(tp=layout.tp),
+                                             [requests[i] for i in indices], args.dtype,
+                                             options, step_time_s, None, args.requests,
+                                             args.mixed_chunk)
+            return made[key]
+        return lanes_of(lane, model, layout, requests, args.dp_routing, step_time_s, shared)
     return make
 
 
