@@ -22,7 +22,11 @@ from patterns.layout import Layout
 
 
 def call_time_us(fits: FitTable, op: Op) -> float:
-    """One call's time in isolation: a collective's fit, or a transfer's latency."""
+    """One call's time in isolation: a collective's fit, or a transfer's latency, half the
+    2-rank sendrecv (a ping-pong: the even rank sends first). A transfer's data arrives no
+    sooner than that nor than its one-way stream time (`Costs`): where the ping-pong's two
+    messages overlap (a 512 KiB sendrecv over 1 Gbit/s in 4.8 ms, each way needing 4.2),
+    its half prices a one-way send below what the link allows."""
     kind, size, _, n = pattern_message(op)
     t = fit_for(fits, kind, n).time_us(size)
     return t / 2 if op.kind in (OpKind.SEND, OpKind.RECV) else t
@@ -109,7 +113,8 @@ class Costs:
             stand_in_note(fits, SweepOp.SENDRECV, 2, self.topology.notes)
             if any(k[0] == SweepOp.STREAM.value for k in fits):
                 self._note(fits, op, SweepOp.STREAM)
-            return Cost(op.kind.value, gap_us(fits, op), call_time_us(fits, op), peer)
+            gap = gap_us(fits, op)
+            return Cost(op.kind.value, gap, max(gap, call_time_us(fits, op)), peer)
         fits = self.topology.fits_of(groups_at(layout, op.group, dp_rank, stage))
         self._note(fits, op)
         if op.transport == Transport.GLOO:

@@ -28,8 +28,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from microbench.analysis.costs import Costs
 from microbench.analysis.fits import Topology, fit_for, stand_in_note
-from microbench.analysis.predict import Costs
 from microbench.sweep.busbw import SweepOp
 from patterns import ConfigError, Layout, ModelConfig, Pattern
 from patterns.dtypes import DTYPE_BYTES
@@ -114,7 +114,7 @@ def _stage_extra_us(lanes: Lanes, topology: Topology, tokens: int, samples: int)
         latency = fit_for(fits, SweepOp.SENDRECV, 2).time_us(size) / 2
         has_stream = any(k[0] == SweepOp.STREAM.value for k in fits)
         gap = fit_for(fits, SweepOp.STREAM, 2).time_us(size) if has_stream else latency
-        total += gap + latency
+        total += gap + max(gap, latency)  # as predict's Costs: arrival no sooner than either
     if lanes.lanes[0].engine == "vllm" and samples:
         fits = topology.fits_of([[rank_of(layout, 0, s, t) for s in range(layout.pp)]
                                  for t in range(layout.tp)])
