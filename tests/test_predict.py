@@ -239,6 +239,23 @@ def test_pp4_costs_the_chain_along_the_pipeline(tmp_path, decode, e2e):
     assert p["e2e_us"] == pytest.approx(e2e)
 
 
+def test_a_hop_arrives_no_sooner_than_its_stream_time(tmp_path):
+    from microbench.analysis.fits import Topology
+    from microbench.analysis.predict import predict_pattern
+    from patterns import Layout, Workload, from_hf_config, generate
+
+    pattern = generate("vllm-v0", from_hf_config(tiny_model(tmp_path)), Layout(pp=4),
+                       Workload(prompt=8, decode=4))
+    # A ping-pong of 2 us (half: 1) but a stream of 3 us a message: the link takes 3 us to
+    # carry one, so each arrives 3 us after its send begins (not 1). Stage 0 sends at 0, 3
+    # (arrive 3, 6); stage 1 recvs at 3, 6, sends at 6, 9 (arrive 9, 12); stage 2 recvs 9,
+    # 12, sends at 12, 15 (arrive 15, 18); stage 3 ends at 18. Half the ping-pong would
+    # have put it at 14 (arrivals 1 after each send: 11, 14).
+    topology = Topology(_flat({("sendrecv", 2): 2, ("stream", 2): 3}))
+    p, _ = predict_pattern(pattern, topology)
+    assert p["prefill_us"] == pytest.approx(18)
+
+
 def test_an_outlier_is_left_out_and_named():
     # 5 us + 0.001 us/B, but the 2 KiB median is 8000 us (a descheduled rank). Its
     # neighbours allow at most 5.512 x 4 = 22.0 us (512 B's time, growing with size) and

@@ -1,5 +1,5 @@
 """`predict` against real replays of TP2, PP2, TP2xPP2 and PP4, over MPI and gloo: prefill,
-decode step and end to end each within 15% over MPI (measured/predicted in [0.85, 1.15])
+decode step and end to end each within 10% over MPI (measured/predicted in [0.9, 1.1])
 and 30% over gloo (TOLERANCE: the benchmark's own spread, and a known bias of gloo's sends),
 means of two measurements, each figure a median of its replay.
 
@@ -39,12 +39,13 @@ from benchmarks.predict_accuracy import HEADLINE, LAYOUTS, PATTERN, SWEEP, WIDE,
 from tests.replay_helpers import infercomm, last_json, needs_mpi
 
 BACKENDS = [pytest.param("mpi", marks=needs_mpi), "torch"]
-# 15% over MPI: the benchmark's medians (docs/predict-plan.md, 5 rounds) are 0.87-1.00, PP2
-# prefill the lowest at 0.873. Over gloo the replay's one-way sends cost more than the sweep's
+# 10% over MPI (issue 32), where the machine repeats itself within 5%: a hop's data arrives
+# no sooner than its one-way stream time (analysis/costs.py), which half a ping-pong whose
+# messages overlap put below the link's. Over gloo the replay's one-way sends cost more than the sweep's
 # sendrecv says (a fresh-clone CI run, steady within 5%: PP2 prefill measured 1.22-1.27x
 # predicted; its 512 KiB sends took 234-257 us against half a 341 us sendrecv; the
 # benchmark's gloo medians are 1.00-1.26): a known bias, so gloo is held to 30%.
-TOLERANCE = {"mpi": 0.15, "torch": 0.30}
+TOLERANCE = {"mpi": 0.10, "torch": 0.30}
 STEADY = 0.05  # two measurements of the same thing agree this closely, or nothing is decided
 # A gap no noise explains (issue 34: a 24x gap was skipped as unsteady). The worst noise seen:
 # two identical replays 2.9x apart (1.38 and 3.97 ms, module doc); with 8 jobs on the 2-core
