@@ -42,9 +42,10 @@ BACKENDS = [pytest.param("mpi", marks=needs_mpi), "torch"]
 # 10% over MPI (issue 32), where the machine repeats itself within 5%: a hop's data arrives
 # no sooner than its one-way stream time (analysis/costs.py), which half a ping-pong whose
 # messages overlap put below the link's. Over gloo the replay's one-way sends cost more
-# than the sweep's sendrecv says (a fresh-clone CI run, steady within 5%: PP2 prefill measured 1.22-1.27x
-# predicted; its 512 KiB sends took 234-257 us against half a 341 us sendrecv; the
-# benchmark's gloo medians are 1.00-1.26): a known bias, so gloo is held to 30%.
+# than the sweep's sendrecv says (a fresh-clone CI run, steady within 5%: PP2 prefill
+# measured 1.22-1.27x predicted; its 512 KiB sends took 234-257 us against half a 341 us
+# sendrecv; the benchmark's gloo medians are 1.00-1.26): a known bias, so gloo is held to
+# 30%.
 TOLERANCE = {"mpi": 0.10, "torch": 0.30}
 STEADY = 0.05  # two measurements of the same thing agree this closely, or nothing is decided
 # A gap no noise explains (issue 34: a 24x gap was skipped as unsteady). The worst noise seen:
