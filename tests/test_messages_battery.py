@@ -148,3 +148,21 @@ def test_replay_names_its_allreduce_algorithm(tmp_path):
     assert last["allreduce_algo"] == "ring" and last["results_dir"].endswith("-torch-ring")
     assert any(line.startswith("backend torch") and "all-reduce: ring" in line
                for line in proc.stdout.splitlines())
+
+
+def test_per_rank_and_whole_deployment_are_named_and_defined(cli):
+    # newcomer: "calls per inference on the busiest rank" and "volume of one inference"
+    # left per rank and per deployment, input bytes and bus bytes, to be guessed.
+    # llama-3.1-8b TP2, 128 + 128 tokens, vLLM: 65 all-reduces of 128 x 4096 x 2 B = 1 MiB,
+    # 8,255 of 8 KiB, 128 logits all-gathers of a [1, 64128] bf16 input (125.25 KiB):
+    # sent by a rank: 65 MiB + 8,255 x 8 KiB (64.49 MiB) + 128 x
+    # 125.25 KiB (15.66 MiB) = 145.15 MiB. On the wire at n = 2: an all-reduce 2(n-1)/n = 1
+    # x its size, an all-gather (n-1)/n of its 250.5 KiB output = 125.25 KiB: 145.15 MiB.
+    status, out, _ = cli("pattern", "--model", "llama-3.1-8b", "--tp", "2", "--prompt", "128",
+                         "--decode", "128")
+    assert status == 0
+    assert "per rank (busiest): 8,448 calls, 145.15 MiB sent per inference (bytes sent: " \
+        "each call's input buffer" in out
+    assert "whole deployment: 145.15 MiB on the wire per inference (bus volume: every call " \
+        "of every rank once, an all-reduce 2(n-1)/n of its size" in out
+    assert "allreduce 129.49 MiB, allgather 15.66 MiB" in out

@@ -135,7 +135,7 @@ def volume_by_layout(rows: Rows, title: str = "") -> "Figure":
                     textcoords="offset points", xytext=(0, 3), ha="center", fontsize="small")
     _top(ax, float(bottom.max(initial=0.0)))
     ax.set_ylabel("MiB per inference, every call once")
-    ax.set_title("Volume by layout" + (f": {title}" if title else ""))
+    ax.set_title("Bus volume by layout" + (f": {title}" if title else ""))
     ax.legend()
     return fig
 

@@ -174,7 +174,7 @@ def price(pattern: Pattern, shape: Shape, topology: Topology, budget: Budget,
     predicted, notes = predict_pattern(pattern, topology, token_order=True)
     if shape.dp > 1 and not shape.ep:
         notes = [*notes, "dp > 1 of a dense model is independent replicas: "
-                 "the times are one replica's communication (the slowest), the volume the "
+                 "the times are one replica's communication (the slowest), the bus volume the "
                  "deployment's, and each replica serves its own batch"]
     prefill, step = predicted["prefill_us"], predicted.get("decode_step_us", 0.0)
     from microbench.analysis.workload import plan_figures

@@ -268,15 +268,15 @@ def build(paths: list[RunFolder], sweep: RunFolder | None, threshold: float,
                                  "every stage's calls, one rank per stage."))
             by_layout, by_decode = volume_rows(pattern)
             if by_layout:
-                entries.append(Entry(f"volume_by_layout{suffix}", f"Volume by layout ({label})",
+                entries.append(Entry(f"volume_by_layout{suffix}", f"Bus volume by layout ({label})",
                                      figures.volume_by_layout(by_layout, title),
                                      f"Layouts of {pattern.layout.world_size} ranks; every "
-                                     "call of the deployment counted once (patterns."
-                                     "volume_bytes)."))
+                                     "call of the deployment counted once, as bus bytes (an "
+                                     "all-reduce 2(n-1)/n of its size)."))
                 entries.append(Entry(f"volume_vs_decode{suffix}",
-                                     f"Volume vs decode length ({label})",
+                                     f"Bus volume vs decode length ({label})",
                                      figures.volume_vs_decode(by_decode, pattern.model.name),
-                                     "Total volume of one inference as Sd grows."))
+                                     "Total bus volume of one inference as Sd grows."))
     if sweeps:
         rows = sweep_rows(sweeps)
         entries.append(Entry("sweep_latency", "Latency vs size", figures.sweep_latency(rows),

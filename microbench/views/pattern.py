@@ -166,23 +166,28 @@ def pattern_table(pattern: Pattern) -> str:
     by_group = volume_by_group(pattern)
     group_parts = [f"{group} {format_bytes(float(v))}" for group, v in by_group.items() if v]
     moe = moe_table(pattern)
+    busiest = max(range(pattern.layout.pp), key=pattern.calls_per_inference)
+    sent = sum(row.bytes * row.count for row in pattern_rows(pattern) if row.stage == busiest
+               and row.op != "recv")
     lines = [
         title(pattern),
         *[f"note: {note}" for note in pattern_notes(pattern)],
         f"steps per inference: {prefill_steps} prefill + {pattern.workload.decode_steps} "
-        "decode; calls per inference on the busiest rank: "
-        f"{calls_per_inference(pattern):,}",
+        "decode",
+        f"per rank (busiest): {calls_per_inference(pattern):,} calls, {format_bytes(sent)} "
+        "sent per inference (bytes sent: each call's input buffer, as the table's bytes/rank)",
         "",
         render_table(header, rows, right_align={"stage", "count", "bytes/call", "bytes/rank"}),
         "",
         transport_table(pattern),
         "",
-        "volume of one inference, every call of the deployment once: "
-        + (", ".join(parts) if parts else "none (one rank)")
-        + f"; total {format_bytes(float(volume['total']))}",
+        f"whole deployment: {format_bytes(float(volume['total']))} on the wire per inference "
+        "(bus volume: every call of every rank once, an all-reduce 2(n-1)/n of its size, an "
+        "all-gather (n-1)/n of its output, a send its size): "
+        + (", ".join(parts) if parts else "none (one rank)"),
     ]
     if len(by_group) > 1 or any(g != "tp" for g in by_group):
-        lines.append("volume by group: " + (", ".join(group_parts) or "none"))
+        lines.append("bus volume by group: " + (", ".join(group_parts) or "none"))
     if moe:
         lines += ["", "per layer, first step of each phase (bytes: one rank's inputs):", moe]
     return "\n".join(lines)

@@ -20,7 +20,7 @@ def _shape(p: Any) -> str:
 def layout_rows(priced: list[Any], objective: str, budgeted: bool) -> str:
     name = OBJECTIVE_NAMES[objective]
     header = ["", "tp", "pp", "dp", "ep", "prefill", "decode step", "end to end",
-              "compute prefill", "compute step", f"{name} floor", "volume", "memory/GPU",
+              "compute prefill", "compute step", f"{name} floor", "bus volume", "memory/GPU",
               "nodes"] + (["budget"] if budgeted else [])
     rows = []
     for p in priced:
