@@ -100,7 +100,7 @@ def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True
 def pattern_from_args(args: argparse.Namespace) -> Pattern:
     """Build the pattern; raises ConfigError with a one-line message on bad input."""
     from microbench.options.disagg_args import refuse_disagg_options
-    refuse_disagg_options(args)  # --disagg is its own deployment (microbench/kvtransfer)
+    refuse_disagg_options(args)  # --disagg is its own deployment (disagg_args.py)
     from microbench.options import workload_args as wl  # --requests, --speculative-config
     wl.refuse_workload_options(args)
     if not wl.wants_workload(args):
