@@ -55,7 +55,7 @@ def read_tree(root: Path, packages: tuple[str, ...]) -> tuple[Graph, dict[str, i
                 for alias in node.names:
                     child = f"{base}.{alias.name}"
                     edges.append((child if child in files else base, node.lineno))
-        graph[name] = edges
+        graph[name] = list(dict.fromkeys(edges))  # `from a import b, c`: one edge
     return graph, lines
 
 
