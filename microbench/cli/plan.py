@@ -124,6 +124,10 @@ def workload_lanes(args: argparse.Namespace, model: Any, engine_gpu: str) -> Any
     requests = list(read_requests(args.requests))
     options = options_from_args(argparse.Namespace(**{**vars(args), "gpu": engine_gpu}))
     step_time_s = None if args.step_time_ms is None else args.step_time_ms / 1e3
+    if step_time_s is not None and step_time_s * 1e6 < 1:  # as workload_args refuses it
+        raise UsageError(f"--step-time-ms {args.step_time_ms:.3g}: an engine step takes at "
+                         "least a microsecond (0.001 ms); give the step time your engine "
+                         "shows (20-40 ms is common for a 70B model at TP8)")
 
     made: dict[tuple[int, tuple[int, ...]], Any] = {}  # (tp, request indices) -> lane
     shared: dict[Any, Any] = {}  # steps priced once for every layout (workload_plan.Lanes)
