@@ -40,7 +40,9 @@ def _why_not() -> str | None:
 
 
 WHY_NOT = _why_not()
-pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"vLLM CPU: {WHY_NOT}")
+# the first test of a case starts its engine: up to 2.5 min for TP4 on a loaded 2-core VM
+pytestmark = [pytest.mark.skipif(WHY_NOT is not None, reason=f"vLLM CPU: {WHY_NOT}"),
+              pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="session")
