@@ -175,6 +175,7 @@ def test_every_multi_rank_gpu_test_skips_with_the_count_on_a_one_gpu_node():
              "tests/test_gpu_traces.py"]
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider",
+         "-x", "-o", "timeout=60",  # a test that launches instead of skipping fails fast
          "-k", "not one_gpu and not world_size_one", *files],
         capture_output=True, text=True, timeout=240, cwd=repo, check=False,
         env={**os.environ, gpu_standin.GPUS_ENV: "1"})
