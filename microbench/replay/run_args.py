@@ -161,6 +161,9 @@ def check_backend_options(args: argparse.Namespace, world: int | None = None) ->
         if args.device == "cpu":
             raise UsageError("the nccl backend runs on CUDA devices only; drop --device cpu "
                              "or use --backend torch")
+        if not _cuda_available("nccl"):  # said once here, not by every rank started
+            raise UsageError("--backend nccl needs a CUDA device and CuPy sees none here; on "
+                             "CPUs use --backend torch --device cpu (gloo) or --backend mpi")
     device = args.device
     if args.mpi_staging:
         if args.backend != "mpi":
