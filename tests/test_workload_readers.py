@@ -190,3 +190,17 @@ def test_speculative_with_trtllm_is_refused_as_speculative(cli):
                    "2")
     assert "--requests" not in line and "--speculative-config is modelled for engines vllm " \
         "and sglang, not trtllm" in line
+
+
+def test_a_workload_of_too_many_steps_is_refused_before_scheduling(cli, monkeypatch):
+    # fault 5: with --max-batched-tokens 1 a workload of long prompts gave no answer in 60 s.
+    # 1,001 prompts of 100,000 tokens at 1 token a step: 100,100,000 steps at least, above
+    # 10^8 (llama-3.1-8b takes 131,072 positions: 100,000 + 2 fit).
+    scheduled = []
+    monkeypatch.setattr(scheduler_vllm, "arrival_steps", lambda *a: scheduled.append(a) or [])
+    line = refused(cli, *PATTERN, "--requests",
+                   "poisson:rate=10,count=1001,prompt=100000,output=2",
+                   "--max-batched-tokens", "1")
+    assert scheduled == []
+    assert "100,100,000 prompt tokens at 1 a step (--max-batched-tokens) need at least " \
+        "100,100,000 steps, more than 100,000,000" in line

@@ -3,7 +3,9 @@
 
 from collections.abc import Callable, Sequence
 
+from patterns.engines.sglang.profile import chunked_prefill_size
 from patterns.engines.sglang.workload import sglang_workload
+from patterns.engines.vllm.rules import v1_defaults
 from patterns.engines.vllm.workload import vllm_workload
 from patterns.errors import ConfigError
 from patterns.layout import Layout
@@ -29,6 +31,23 @@ def check_positions(model: ModelConfig, requests: Sequence[Request]) -> None:
                               f"output <= {limit}")
 
 
+MAX_STEPS = 10 ** 8  # about 5 minutes of scheduling at 3 us a step; more is refused
+
+
+def check_step_count(engine: str, requests: Sequence[Request], options: EngineOptions) -> None:
+    """Refuse, before scheduling, a workload whose prompts alone need more than MAX_STEPS
+    steps at the step's token budget (every step computes at most that many prompt tokens):
+    with --max-batched-tokens 1 a workload of long prompts never finished."""
+    budget = options.max_batched_tokens or (
+        v1_defaults(options.gpu)[1] if engine == "vllm" else chunked_prefill_size(options.gpu))
+    prompt_tokens = sum(r.prompt for r in requests)
+    least = -(-prompt_tokens // budget)
+    if least > MAX_STEPS:
+        raise ConfigError(f"{prompt_tokens:,} prompt tokens at {budget:,} a step "
+                          f"(--max-batched-tokens) need at least {least:,} steps, more than "
+                          f"{MAX_STEPS:,}; raise --max-batched-tokens or give fewer requests")
+
+
 def workload_pattern(engine: str, model: ModelConfig, layout: Layout,
                      requests: Sequence[Request], dtype: str | None, options: EngineOptions,
                      step_time_s: float | None, spec: SpecConfig | None = None,
@@ -42,6 +61,7 @@ def workload_pattern(engine: str, model: ModelConfig, layout: Layout,
     check_workload_layout(engine, layout, flag)
     layout.check_model(model)
     check_positions(model, requests)
+    check_step_count(engine, requests, options)
     if progress is not None:
         progress(f"{len(requests):,} requests read and checked; scheduling them under "
                  f"{engine}")
