@@ -99,29 +99,49 @@ def lanes_of(make_lane: Any, model: ModelConfig, layout: Layout, requests: list[
     return Lanes(layout, model, tuple(lanes), routing, {} if shared is None else shared)
 
 
-def _stage_extra_us(lanes: Lanes, topology: Topology, tokens: int, samples: int) -> float:
-    """What pp > 1 adds to one step of T tokens sampling S (module doc)."""
-    layout = lanes.layout
-    if layout.pp == 1:
-        return 0.0
-    dtype = lanes.workload.dtype or lanes.model.default_dtype
-    size = tokens * lanes.model.hidden_size * DTYPE_BYTES[dtype]
-    total = 0.0
-    for s in range(layout.pp - 1):
-        fits = topology.fits_of([[rank_of(layout, 0, s, t), rank_of(layout, 0, s + 1, t)]
-                                 for t in range(layout.tp)])
-        stand_in_note(fits, SweepOp.SENDRECV, 2, topology.notes)
-        latency = fit_for(fits, SweepOp.SENDRECV, 2).time_us(size) / 2
-        has_stream = any(k[0] == SweepOp.STREAM.value for k in fits)
-        gap = fit_for(fits, SweepOp.STREAM, 2).time_us(size) if has_stream else latency
-        total += gap + max(gap, latency)  # as predict's Costs: arrival no sooner than either
-    if lanes.lanes[0].engine == "vllm" and samples:
-        fits = topology.fits_of([[rank_of(layout, 0, s, t) for s in range(layout.pp)]
-                                 for t in range(layout.tp)])
-        stand_in_note(fits, SweepOp.BROADCAST, layout.pp, topology.notes)
-        fit = fit_for(fits, SweepOp.BROADCAST, layout.pp)
-        total += fit.time_us(8 * samples) + fit.time_us(4 * (samples + 1))
-    return total
+def _op_key(op: Any) -> tuple[Any, ...]:
+    """What a call's cost and volume follow from: its ops differ by tag alone layer to layer."""
+    return (op.kind, op.group, op.group_size, op.shape, op.out_shape, op.dtype, op.transport,
+            op.counts)
+
+
+class _Stages:
+    """What pp > 1 adds to one step of T tokens sampling S (module doc), the fits of each
+    hop and of the broadcast looked up once per layout."""
+
+    def __init__(self, lanes: Lanes, topology: Topology) -> None:
+        layout = self.layout = lanes.layout
+        dtype = lanes.workload.dtype or lanes.model.default_dtype
+        self.row = lanes.model.hidden_size * DTYPE_BYTES[dtype]  # one token's hidden state
+        self.hops, self.broadcast = [], None
+        for s in range(layout.pp - 1):
+            fits = topology.fits_of([[rank_of(layout, 0, s, t), rank_of(layout, 0, s + 1, t)]
+                                     for t in range(layout.tp)])
+            stand_in_note(fits, SweepOp.SENDRECV, 2, topology.notes)
+            has_stream = any(k[0] == SweepOp.STREAM.value for k in fits)
+            self.hops.append((fit_for(fits, SweepOp.SENDRECV, 2),
+                              fit_for(fits, SweepOp.STREAM, 2) if has_stream else None))
+        if layout.pp > 1 and lanes.lanes[0].engine == "vllm":
+            fits = topology.fits_of([[rank_of(layout, 0, s, t) for s in range(layout.pp)]
+                                     for t in range(layout.tp)])
+            stand_in_note(fits, SweepOp.BROADCAST, layout.pp, topology.notes)
+            self.broadcast = fit_for(fits, SweepOp.BROADCAST, layout.pp)
+        self.memo: dict[tuple[int, int], float] = {}
+
+    def extra_us(self, tokens: int, samples: int) -> float:
+        key = (tokens, samples)
+        if key in self.memo:
+            return self.memo[key]
+        size, total = tokens * self.row, 0.0
+        for sendrecv, stream in self.hops:
+            latency = sendrecv.time_us(size) / 2
+            gap = stream.time_us(size) if stream is not None else latency
+            total += gap + max(gap, latency)  # as costs.py: arrival no sooner than either
+        if self.broadcast is not None and samples:
+            total += (self.broadcast.time_us(8 * samples)
+                      + self.broadcast.time_us(4 * (samples + 1)))
+        self.memo[key] = total
+        return total
 
 
 def price_lanes(lanes: Lanes, topology: Topology, gpu: str,
@@ -133,7 +153,7 @@ def price_lanes(lanes: Lanes, topology: Topology, gpu: str,
     model, layout = lanes.model, lanes.layout
     dtype = lanes.workload.dtype or model.default_dtype
     comm_figs, floor_figs, comm_ends, floor_ends = [], [], [0.0], [0.0]
-    extra: dict[tuple[int, int], float] = {}
+    stages = _Stages(lanes, topology)
     floors: dict[Any, float] = {}
     costs = Costs(lanes.lanes[0], topology)  # every lane has the layout tp, pp 1, dp 1
     tp = layout.tp
@@ -141,6 +161,7 @@ def price_lanes(lanes: Lanes, topology: Topology, gpu: str,
     topology.used.add("inter" if topology.spans(list(range(tp))) else "intra")
     said = lanes.shared.setdefault(("notes", tp), set())  # what pricing its steps noted
     topology.notes |= said
+    by_call = lanes.shared.setdefault(("call", tp), {})  # a call's time by _op_key
     for lane in lanes.lanes:
         schedule = lane.schedule
         requests = lane.requests
@@ -148,16 +169,19 @@ def price_lanes(lanes: Lanes, topology: Topology, gpu: str,
         comm, floor = [], []
         for seg, step in zip(schedule.segments, lane.segment_steps, strict=True):
             shape = seg.shape
-            key = (step.tokens, shape.samples)
-            if key not in extra:
-                extra[key] = _stage_extra_us(lanes, topology, *key)
             own = lanes.shared.get(("comm", tp, id(step.ops)))
             if own is None:
                 before = set(topology.notes)
-                own = sum(costs.of(0, 0, op).busy_us for op in step.ops)
+                own = 0.0
+                for op in step.ops:
+                    key = _op_key(op)
+                    t = by_call.get(key)
+                    if t is None:
+                        t = by_call[key] = costs.of(0, 0, op).busy_us
+                    own += t
                 lanes.shared[("comm", tp, id(step.ops))] = own
                 said |= topology.notes - before
-            comm.append(own + extra[key])
+            comm.append(own + stages.extra_us(step.tokens, shape.samples))
             fkey = (shape, round(context))
             if fkey not in floors:
                 chunk = shape.prefill_tokens / shape.prefill_seqs if shape.prefill_seqs else 0
@@ -187,13 +211,21 @@ def lanes_volume(lanes: Lanes) -> int:
     dtype = lanes.workload.dtype or lanes.model.default_dtype
     hop = 2 * lanes.model.hidden_size * DTYPE_BYTES[dtype] * layout.tp * (layout.pp - 1)
     per_step = lanes.shared.setdefault(("volume", layout.tp), {})
+    by_call = lanes.shared.setdefault(("call volume", layout.tp), {})
     total = 0.0
     broadcasts = layout.pp > 1 and lanes.lanes[0].engine == "vllm"
     for lane in lanes.lanes:
         for step, seg in zip(lane.segment_steps, lane.schedule.segments, strict=True):
             own = per_step.get(id(step.ops))
             if own is None:
-                own = per_step[id(step.ops)] = float(sum(op_volume(op) for op in step.ops))
+                own = 0.0
+                for op in step.ops:
+                    key = _op_key(op)
+                    v = by_call.get(key)
+                    if v is None:
+                        v = by_call[key] = float(op_volume(op))
+                    own += v
+                per_step[id(step.ops)] = own
             sampled = (8 * seg.shape.samples + 4 * (seg.shape.samples + 1)
                        if broadcasts and seg.shape.samples else 0)
             total += (own + hop * step.tokens + sampled) * seg.repeat
