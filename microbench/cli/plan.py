@@ -55,9 +55,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="a sweep across nodes: fits of the groups and hops that span "
                             "nodes (needed when N > G, unless --sweep has inter rows)")
     group.add_argument("--budget-ttft-ms", type=float, default=None, metavar="MS",
-                       help="communication budget of the prefill (TTFT share)")
+                       help="TTFT budget: met when the prefill's floor (communication + "
+                            "compute) is within it")
     group.add_argument("--budget-tpot-ms", type=float, default=None, metavar="MS",
-                       help="communication budget of a decode step (TPOT share)")
+                       help="TPOT budget: met when a decode step's floor (communication + "
+                            "compute) is within it")
     group.add_argument("--gpu-memory", type=float, default=None, metavar="GIB",
                        help="GiB of memory a GPU has (default: --gpu's, h100 80, h200 141, "
                             "b200 192, a100 80): layouts whose weights, KV cache and "
