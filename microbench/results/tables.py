@@ -88,9 +88,9 @@ def read_meta(folder: Path) -> dict[str, Any]:
                          "or kvtransfer)")
     _need(path, meta, "argv", list, "the command line, a list")
     _need(path, meta, "backend", str, "a name")
-    for key, kind, what in OPTIONAL_META:  # read by compare, report and plot when present
+    for key, json_type, what in OPTIONAL_META:  # read by compare, report, plot if present
         value = meta.get(key)
-        if value is not None and not isinstance(value, kind):
+        if value is not None and not isinstance(value, json_type):
             raise UsageError(f"{path}: {key} is a JSON {_json_type(value)}, not {what}; not "
                              "a meta.json infercomm wrote")
     hosts = meta.get("hosts")
