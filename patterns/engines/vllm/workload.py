@@ -7,14 +7,14 @@ verify rows)."""
 
 from collections.abc import Sequence
 from dataclasses import replace
-from functools import cache
+from functools import lru_cache
 
 from patterns.engines.vllm import profile as vllm_profile
 from patterns.engines.vllm.rules import v1_capture_sizes, v1_defaults
 from patterns.engines.vllm.scheduler import schedule_vllm
 from patterns.engines.vllm.speculative import drafter_ops, spec_capture_sizes
 from patterns.engines.vllm.speculative_v2 import drafter_ops_v2, v2_graphs
-from patterns.layout import Layout
+from patterns.layout import Layout, Workload
 from patterns.models import ModelConfig
 from patterns.ops import Op
 from patterns.pattern import EngineOptions
@@ -23,6 +23,11 @@ from patterns.stage import Stage, pad_to
 from patterns.workload.requests import Request
 from patterns.workload.schedule import StepShape
 from patterns.workload.steps import StepGraph, WorkloadPattern, build_pattern, logit_rows
+
+
+@lru_cache(maxsize=4096)
+def _forward_ops(st: Stage, tokens: int) -> tuple[Op, ...]:
+    return tuple(vllm_profile.forward(st, tokens, 1))
 
 
 def vllm_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request],
@@ -45,11 +50,12 @@ def vllm_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request
     schedule = schedule_vllm(requests, step_time_s, max_seqs, budget, k,
                              spec.acceptance_length if spec else 1.0, async_on)
 
-    @cache
     def model_ops(st: Stage, tokens: int) -> tuple[Op, ...]:
         """The calls a step of T tokens makes, its logits one row (set per step below):
         built once per T, since every other call follows T alone."""
-        return tuple(vllm_profile.forward(st, tokens, 1))
+        # forward reads the stage's workload for its dtype alone: one key for every
+        # workload of this stage (plan prices thousands of them, analysis/workload_plan.py)
+        return _forward_ops(replace(st, workload=Workload(1, 1, dtype=st.dtype)), tokens)
 
     def step_ops(st: Stage, shape: StepShape) -> tuple[StepGraph, list[Op]]:
         # Uniform: every request 1 (+ k) tokens; a padded 1-token prompt counts as a decode.
