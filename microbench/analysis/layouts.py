@@ -230,16 +230,22 @@ def plan(model: ModelConfig, gpus: int, make_pattern: Callable[[Layout], Pattern
     others, with `fits_memory` False (never best)."""
     kept, refused = valid_layouts(model, gpus)
     priced = []
+    reasons: list[str] = []  # the engine's refusals, without the layout
     for shape in kept:
         try:  # the engine profile refuses what it cannot model
             pattern = make_pattern(layout_of(shape))
         except ConfigError as err:
             refused.append(f"{label(shape)}: {err}")
+            reasons.append(str(err))
             continue
         try:  # a call the sweeps cannot price, with no stand-in, leaves this layout out
             priced.append(price(pattern, shape, topology, budget, hardware))
         except UsageError as err:
             refused.append(f"{label(shape)}: not priced: {err}")
+    if kept and len(reasons) == len(kept) and len(set(reasons)) == 1:
+        # every layout refused for one reason, the options' own (--moe-backend for a dense
+        # model, a flag the engine does not read): that reason, not the layout rules
+        raise ConfigError(reasons[0])
     if not priced:
         raise ConfigError(f"no layout of {gpus} ranks suits {model.name}: tp must divide "
                           f"num_attention_heads({model.num_attention_heads}) and pp = "

@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
 
@@ -72,7 +73,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="the share of --gpu-memory the engine may use (vLLM's "
                             "--gpu-memory-utilization, default 0.9)")
     group.add_argument("--dp-routing", choices=("round-robin", "least-loaded"),
-                       default="round-robin",
+                       default=None,
                        help="with --requests: how requests reach the DP replicas: "
                             "round-robin (default; vLLM's DP load balancer under even load) "
                             "or least-loaded (the replica with the fewest unfinished)")
@@ -98,9 +99,25 @@ MAX_GPUS = 1 << 20
 def _budget_us(flag: str, value: float | None) -> float | None:
     if value is None:
         return None
-    if not value > 0:
-        raise UsageError(f"{flag} {value} must be a positive number of milliseconds")
+    if not 0 < value < math.inf:  # also nan, and 1e400 (read as inf)
+        raise UsageError(f"{flag} {value} must be a positive number of milliseconds"
+                         + (", a finite one" if value == math.inf else ""))
     return value * 1e3
+
+
+# A GPU of a mebibyte of GiB is beyond any made; a larger figure overflows the byte count.
+MAX_GPU_MEMORY_GIB = 1 << 20
+
+
+def refuse_alone(args: argparse.Namespace) -> None:
+    """Options that only act with another one, given without it: refused, not ignored."""
+    pairs = [("--dp-routing", args.dp_routing is not None, "--requests",
+              getattr(args, "requests", None)),
+             ("--kv-sweep", args.kv_sweep is not None, "--disagg", args.disagg),
+             ("--kv-sweep-inter", args.kv_sweep_inter is not None, "--disagg", args.disagg)]
+    for flag, given, partner, present in pairs:
+        if given and not present:
+            raise UsageError(f"{flag} acts only with {partner}; add {partner} or drop {flag}")
 
 
 def memory_gib(args: argparse.Namespace) -> float:
@@ -143,7 +160,8 @@ def workload_lanes(args: argparse.Namespace, model: Any, engine_gpu: str) -> Any
                                              options, step_time_s, None, args.requests,
                                              args.mixed_chunk)
             return made[key]
-        return lanes_of(lane, model, layout, requests, args.dp_routing, step_time_s, shared)
+        return lanes_of(lane, model, layout, requests, args.dp_routing or "round-robin",
+                        step_time_s, shared)
     return make
 
 
@@ -171,13 +189,14 @@ def run(args: argparse.Namespace) -> int:
     budget = Budget(_budget_us("--budget-ttft-ms", args.budget_ttft_ms),
                     _budget_us("--budget-tpot-ms", args.budget_tpot_ms))
     memory = args.gpu_memory
-    if memory is not None and not 0 < memory < float("inf"):
-        raise UsageError(f"--gpu-memory {memory} must be a positive, finite number of GiB "
-                         "(80 for an H100)")
+    if memory is not None and not 0 < memory <= MAX_GPU_MEMORY_GIB:
+        raise UsageError(f"--gpu-memory {memory} must be a positive, finite number of GiB, "
+                         f"at most {MAX_GPU_MEMORY_GIB:,} (80 for an H100)")
     share = args.gpu_memory_utilization
     if not 0 < share <= 1:
         raise UsageError(f"--gpu-memory-utilization {share} must be in (0, 1], as vLLM's "
                          "(default 0.9)")
+    refuse_alone(args)
     if args.gpus > MAX_GPUS:
         raise UsageError(f"--gpus {args.gpus:,} is beyond any deployment of one model; plan "
                          f"prices at most {MAX_GPUS:,} ranks")
