@@ -40,9 +40,11 @@ def add_disagg_arguments(group: argparse._ArgumentGroup) -> None:
 def refuse_workload_with_disagg(args: argparse.Namespace) -> None:
     """--disagg prices one request's KV transfer (--prompt, --decode): a request workload or
     speculative decoding is not modelled with it, and is said so rather than read as a
-    missing prompt length."""
+    missing prompt length; nor is SGLang's overlap scheduler, which only acts over a
+    workload (not silently ignored)."""
     given = [flag for flag in ("--requests", "--step-time-ms", "--speculative-config",
-                               "--acceptance-length", "--acceptance-rate", "--mixed-chunk")
+                               "--acceptance-length", "--acceptance-rate", "--mixed-chunk",
+                               "--disable-overlap-schedule")
              if getattr(args, flag[2:].replace("-", "_"), None)]
     if given:
         raise UsageError(f"--disagg models one request's KV-cache transfer (--prompt, "
