@@ -1,6 +1,7 @@
 """Argument parsing in the field's vocabulary, with one-line errors and exit status 2."""
 
 import argparse
+import re
 import sys
 from typing import NoReturn
 
@@ -27,10 +28,9 @@ def _integer(text: str) -> int:
     if digits.isdigit() and len(digits) > MAX_DIGITS:
         raise argparse.ArgumentTypeError(f"an integer of {len(digits):,} digits is beyond any "
                                          f"count here (at most {MAX_DIGITS} digits)")
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{shown(text, 40)!r} is not an integer") from None
+    if not re.fullmatch(r"\s*[+-]?[0-9]+\s*", text):  # int() also reads '２' and '1_0'
+        raise argparse.ArgumentTypeError(f"{shown(text, 40)!r} is not an integer")
+    return int(text)
 
 
 def positive_int(text: str) -> int:

@@ -71,8 +71,8 @@ NOT_MODELLED: dict[str, tuple[str, ...]] = {
 
 DEFAULT_CONNECTOR = {"vllm": "nixl", "sglang": "mooncake"}
 
-_SIDE = re.compile(r"^(?:(?:tp|dp|pp)\d+)+$")
-_PART = re.compile(r"(tp|dp|pp)(\d+)")
+_SIDE = re.compile(r"^(?:(?:tp|dp|pp)[0-9]+)+$")  # ASCII digits: \d takes '２' too
+_PART = re.compile(r"(tp|dp|pp)([0-9]+)")
 MAX_SIDE_RANKS = 1 << 16  # far beyond one model's deployment
 
 

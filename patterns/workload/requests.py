@@ -24,6 +24,7 @@ import csv
 import json
 import math
 import random
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -151,7 +152,8 @@ def read_azure(path: Path) -> list[Request]:
 
 def _integer(text: str) -> int:
     text = text.strip()
-    if len(text) > MAX_DIGITS:
+    # int() also reads '１０' (full-width digits) and '1_0': a count is ASCII digits
+    if len(text) > MAX_DIGITS or not re.fullmatch(r"[+-]?[0-9]+", text):
         raise ValueError(text)
     return int(text)
 
@@ -182,10 +184,20 @@ def _json_float(text: str) -> float:
     return value
 
 
+def _json_object(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """A key given twice in one request is refused, not read as its last value."""
+    obj: dict[str, object] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise _NotARequest(f"key {shown(key, 20)!r} is given twice")
+        obj[key] = value
+    return obj
+
+
 def _json_line(line: str, where: str) -> object:
     try:
         return json.loads(line, parse_constant=_json_constant, parse_int=_json_int,
-                          parse_float=_json_float)
+                          parse_float=_json_float, object_pairs_hook=_json_object)
     except _NotARequest as err:
         raise ConfigError(f"{where}: {err}; want {WANT_JSONL} a line") from None
     except json.JSONDecodeError as e:
