@@ -104,7 +104,8 @@ def pattern_or_trace(args: argparse.Namespace) -> Pattern:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.env:  # a settings grid: one replay per combination (tuning/env_grid.py)
+    # a settings grid: one replay per combination (tuning/env_grid.py)
+    if args.env or args.env_runs is not None:
         from microbench.tuning.env_grid import run_grid
         return run_grid("replay", args)
     if args.disagg is not None:  # prefill and decode ranks, and the KV transfer between

@@ -189,7 +189,8 @@ def check_backend(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.env:  # a settings grid: one sweep per combination (tuning/env_grid.py)
+    # a settings grid: one sweep per combination (tuning/env_grid.py)
+    if args.env or args.env_runs is not None:
         from microbench.tuning.env_grid import run_grid
         return run_grid("sweep", args)
     if args.op == ["kvtransfer"]:

@@ -25,6 +25,10 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # A launcher told to stop ends its ranks within 10 s (SIGTERM, 5 s, SIGKILL, 5 s).
 END_SECONDS = 15.0
+# Set in a job's environment: it checks its input as ever, then ends (status 0) where it would
+# start its ranks (ranks/launch.py spawn_local). A grid asks this of its first setting before
+# running any, so bad input is one line and nothing runs.
+CHECK_ONLY_VAR = "INFERCOMM_CHECK_ONLY"
 
 
 class Stopped(Exception):

@@ -23,11 +23,12 @@ import sys
 from typing import Any
 
 from microbench.argtypes import UsageError, positive_int
-from microbench.ranks.children import Stopped, run_child
+from microbench.ranks.children import CHECK_ONLY_VAR, Stopped, run_child
 
 SETTINGS_VAR = "INFERCOMM_SETTINGS"  # the names a grid set, recorded by results/store.py
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_COMBINATIONS = 64
+MAX_RUNS = 10 * MAX_COMBINATIONS  # combinations x --env-runs: hours of runs already
 
 
 def env_spec(text: str) -> tuple[str, list[str]]:
@@ -49,12 +50,12 @@ def add_env_arguments(parser: argparse.ArgumentParser) -> None:
                             "each run a separate job with the variable set before the "
                             "libraries load; then the best setting per op and size (sweep) "
                             "or per phase (replay)")
-    group.add_argument("--env-runs", type=positive_int, default=1, metavar="R",
+    group.add_argument("--env-runs", type=positive_int, default=None, metavar="R",
                        help="runs of every combination, interleaved (default 1; 3 or more "
                             "let the verdicts read between-run drift)")
 
 
-def combinations(specs: list[tuple[str, list[str]]]) -> list[dict[str, str]]:
+def combinations(specs: list[tuple[str, list[str]]], runs: int = 1) -> list[dict[str, str]]:
     names = [n for n, _ in specs]
     if len(set(names)) != len(names):
         raise UsageError("--env names a variable twice; give its values in one --env")
@@ -63,6 +64,9 @@ def combinations(specs: list[tuple[str, list[str]]]) -> list[dict[str, str]]:
         sizes = " x ".join(str(len(values)) for _, values in specs)
         raise UsageError(f"--env makes {count:,} combinations ({sizes} values), more than "
                          f"{MAX_COMBINATIONS}; give fewer values")
+    if count * runs > MAX_RUNS:
+        raise UsageError(f"--env makes {count:,} combinations x --env-runs {runs:,} = "
+                         f"{count * runs:,} runs, more than {MAX_RUNS}; give fewer runs")
     return [dict(zip(names, values, strict=True))
             for values in itertools.product(*[v for _, v in specs])]
 
@@ -93,13 +97,20 @@ def run_grid(command: str, args: argparse.Namespace) -> int:
     A run that fails stops the grid, and one that is stopped (Ctrl-C, kill) ends with it
     (ranks/children.py); either way the runs done so far are kept as a partial grid."""
     from microbench.ranks import dist
+    if not args.env:
+        raise UsageError("--env-runs repeats the combinations of --env NAME=v1,v2; add --env or "
+                         "drop --env-runs")
     if dist.detect() is not None:
         raise UsageError("--env starts one job per setting itself; run it without a launcher "
                          "(add --nproc N for the ranks of each job)")
-    combos = combinations(args.env)
+    args.env_runs = args.env_runs or 1
+    combos = combinations(args.env, args.env_runs)
     varying = {name for name, values in args.env if len(values) > 1}
     base = child_argv(args.argv)
     label = args.label or f"grid-{command}"
+    checked = _check_input(base, label, combos[0])
+    if checked:
+        return checked
     runs: list[dict[str, Any]] = []
     total = len(combos) * args.env_runs
     ended: dict[str, Any] | None = None  # how a grid that did not finish ended
@@ -139,6 +150,23 @@ def run_grid(command: str, args: argparse.Namespace) -> int:
     summary = write_grid(command, args, runs, label, total, ended)
     print(json.dumps(summary, separators=(",", ":")), flush=True)
     return status or (1 if any(r["exit_status"] for r in runs) else 0)
+
+
+def _check_input(base: list[str], label: str, combo: dict[str, str]) -> int:
+    """The first setting's job checks its input and ends before starting ranks: bad input
+    is its one line (exit 2) before any run, not a failed first run of a grid."""
+    import subprocess
+    cmd = [sys.executable, "-m", "microbench", *base, "--label", label[:100]]
+    env = {**os.environ, **combo, CHECK_ONLY_VAR: "1"}
+    try:
+        done = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                              text=True, errors="replace", timeout=120)
+    except subprocess.TimeoutExpired:  # a check that slow is no reason to stop the grid
+        return 0
+    lines = done.stderr.strip().splitlines()
+    if done.returncode != 0 and lines:  # its refusal, the last line (progress notes before)
+        sys.stderr.write(lines[-1] + "\n")
+    return done.returncode
 
 
 def _last_json(stdout: str) -> dict[str, Any] | None:
