@@ -1,0 +1,102 @@
+"""The battery run on the features landed for issue 34's round (connectors, scheduling
+modes, MoE backends, workload readers, settings grids, plan's memory and objective): every
+case here passed silently, printed a traceback or several lines, or ran a job before this
+file's fixes. Bad input is one line on stderr naming what is wrong, exit status 2, nothing
+on stdout, nothing started."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SWEEPS = ROOT / "results" / "examples" / "plan-sweeps"
+INTRA = next(SWEEPS.glob("*-intra-shm"))
+KV_INTRA = next(SWEEPS.glob("*-kv-intra-nixl"))
+PLAN = ("plan", "--model", "llama-3.1-8b", "--gpus", "8", "--gpus-per-node", "8",
+        "--sweep", str(INTRA), "--prompt", "128", "--decode", "4")
+PATTERN = ("pattern", "--model", "llama-3.1-8b", "--prompt", "128", "--decode", "4")
+REPLAY = ("replay", "--model", "llama-3.2-1b", "--prompt", "16", "--decode", "2", "-n", "1",
+          "-w", "0", "--tp", "2", "--nproc", "2")
+DISAGG = ("--disagg", "prefill=tp2,decode=tp2")
+
+# (argv, a piece of the one line that must say what is wrong)
+REFUSED = [
+    # plan: --gpu-memory 1e300 was an OverflowError traceback (GiB x 2^30 is inf)
+    ((*PLAN, "--gpu-memory", "1e300"),
+     "--gpu-memory 1e+300 must be a positive, finite number of GiB, at most 1,048,576"),
+    # plan: 1e400 reads as inf, which passed "> 0" and was a budget nothing fails
+    ((*PLAN, "--budget-tpot-ms", "1e400"),
+     "--budget-tpot-ms inf must be a positive number of milliseconds, a finite one"),
+    ((*PLAN, "--budget-ttft-ms", "inf"),
+     "--budget-ttft-ms inf must be a positive number of milliseconds, a finite one"),
+    # plan: options that act only with another were ignored without it
+    ((*PLAN, "--dp-routing", "least-loaded"), "--dp-routing acts only with --requests"),
+    ((*PLAN, "--kv-sweep", str(KV_INTRA)), "--kv-sweep acts only with --disagg"),
+    ((*PLAN, "--kv-sweep-inter", str(KV_INTRA)), "--kv-sweep-inter acts only with --disagg"),
+    # plan: an option the engine or model refuses, whatever the layout, was said as "no
+    # layout of 8 ranks suits llama-3.1-8b: tp must divide ..." with the reason in brackets
+    ((*PLAN, "--engine", "trtllm", "--no-async-scheduling"),
+     "error: --async-scheduling / --no-async-scheduling does not apply to engine trtllm"),
+    ((*PLAN, "--moe-backend", "triton"), "error: moe-backend picks the kernel of mxfp4"),
+    ((*PLAN, "--engine", "sglang", "--model-runner", "v2"),
+     "error: --model-runner does not apply to engine sglang"),
+    # --disable-overlap-schedule is refused on a batch pattern; with --disagg it was ignored
+    (PATTERN + DISAGG + ("--engine", "sglang", "--disable-overlap-schedule"),
+     "--disable-overlap-schedule is not modelled with it"),
+    # full-width digits: int() and re's \d read them, so 'tp\uff12' was a layout of tp 2
+    ((*PATTERN, "--disagg", "prefill=tp\uff12,decode=tp2"), "is not a layout"),
+    ((*PATTERN, "--tp", "\uff12"), "is not an integer"),
+    ((*PATTERN, "--tp", "1_0"), "is not an integer"),
+    (("pattern", "--model", "llama-3.1-8b", "--requests",
+      "poisson:rate=1,count=5,prompt=1\uff10,output=3,seed=1"), "must be a token count"),
+    # settings grids: --env-runs without --env ran one plain job
+    ((*REPLAY, "--env-runs", "3"), "--env-runs repeats the combinations of --env"),
+    (("sweep", "--op", "allreduce", "--nproc", "2", "--env-runs", "3"),
+     "--env-runs repeats the combinations of --env"),
+    # 2 combinations x 100,000 runs: the 64-combination cap did not count the repeats
+    ((*REPLAY, "--env", "A=1,2", "--env-runs", "100000"),
+     "2 combinations x --env-runs 100,000 = 200,000 runs, more than 640"),
+    # bad input in a grid: the first run started, then four lines (progress, the run's
+    # refusal, 'the run with A=1 failed', 'nothing kept'); now its refusal alone
+    ((*REPLAY[:-4], "--tp", "3", "--nproc", "3", "--env", "A=1,2"),
+     "tp(3) does not divide num_attention_heads(32)"),
+]
+
+
+@pytest.mark.parametrize("argv, said", REFUSED, ids=[" ".join(a[-3:]) for a, _ in REFUSED])
+def test_refused_in_one_line(cli, argv, said):
+    status, out, err = cli(*argv)
+    assert status == 2, err
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1, err
+    assert said in err, err
+    assert "Traceback" not in err
+
+
+def test_a_request_with_a_key_twice_is_refused(cli, tmp_path):
+    # {"prompt": 10, "prompt": 20}: json.loads keeps the last, so the request was 20 tokens
+    path = tmp_path / "twice.jsonl"
+    path.write_text('{"arrival_s": 0, "prompt": 10, "prompt": 20, "output": 3}\n')
+    status, out, err = cli("pattern", "--model", "llama-3.1-8b", "--requests", str(path))
+    assert status == 2 and out == "", err
+    assert f"{path}:1: key 'prompt' is given twice" in err, err
+
+
+def test_plan_still_routes_a_workload(cli):
+    # --dp-routing with --requests is what it is for: the refusal above must not catch it
+    status, out, err = cli(*PLAN[:-4], "--requests",
+                           "poisson:rate=2,count=8,prompt=64,output=4,seed=1",
+                           "--step-time-ms", "30", "--dp-routing", "least-loaded")
+    assert status == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["gpus"] == 8
+
+
+def test_a_grid_checks_its_input_without_a_run(cli, tmp_path):
+    # the check ends where ranks would start: nothing in --out, one line
+    out_dir = tmp_path / "runs"
+    status, out, err = cli(*REPLAY, "--env", "A=1,2", "--out", str(out_dir),
+                           "--moe-backend", "triton")
+    assert status == 2 and out == "", err
+    assert err.count("\n") == 1 and "drop --moe-backend" in err, err
+    assert not out_dir.exists() or not any(out_dir.iterdir())
