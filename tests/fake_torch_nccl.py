@@ -18,6 +18,7 @@ ProcessGroupNCCL refuses or does differently is enforced:
 """
 
 import functools
+import time
 from typing import Any
 
 from tests import fake_nccl_wire
@@ -146,11 +147,19 @@ def _destroy(real: Any) -> Any:
             raise AssertionError(
                 f"destroy_process_group would block: {len(alive)} live CUDA graph(s) captured "
                 "its collectives (ProcessGroupNCCL shutdown -> NCCL commDestroySync)")
-        if group is None and _State.nccl:
-            # the stand-in's own need, not NCCL's: rank 0 serves the store its peers' gloo
-            # teardown still talks to, so no rank leaves before all have come here
-            dist_barrier()
-        real(group) if group is not None else real()
-        if group is None:
-            _State.nccl = False
+        if group is not None or not _State.nccl:
+            real(group) if group is not None else real()
+            return
+        # The stand-in's own need, not NCCL's: rank 0 serves the store its peers' gloo
+        # teardown still talks to, so it leaves only after every rank has torn down.
+        import torch.distributed.distributed_c10d as c10d
+        store, rank, size = c10d._get_default_store(), c10d.get_rank(), c10d.get_world_size()
+        dist_barrier()
+        real()
+        _State.nccl = False
+        store.add("infercomm-standin/destroyed", 1)
+        deadline = time.monotonic() + 30
+        while rank == 0 and time.monotonic() < deadline and \
+                store.add("infercomm-standin/destroyed", 0) < size:
+            time.sleep(0.01)
     return destroy
