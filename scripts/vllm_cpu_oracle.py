@@ -49,14 +49,16 @@ class Workload:
 
     name: str
     requests: tuple[tuple[int, int], ...]
+    ids: tuple[int, ...] | None = None  # the prompt's tokens (default: distinct non-zero ones)
 
 
 @dataclass(frozen=True)
 class Case:
-    model: str  # "dense" or "moe"
+    model: str  # "dense", "moe", or "zero-head" (a dense model whose every logit is 0)
     engine: dict  # vllm.LLM keyword arguments beyond the common ones
     workloads: tuple[Workload, ...]
     bind: str = "0|1"  # VLLM_CPU_OMP_THREADS_BIND: one core list a worker
+    validate: tuple[str, ...] = ()  # further `infercomm validate` options
 
 
 ONE = Workload("one-request", ((5, 3),))
@@ -79,6 +81,15 @@ CASES: dict[str, Case] = {
     # CUDA graph either way: platforms/cpu.py empties cudagraph_capture_sizes)
     "dense-pp2": Case("dense", dict(pipeline_parallel_size=2, **SCHEDULED, enforce_eager=False,
                                     compilation_config={"mode": 2, "backend": "eager"}), (ONE,)),
+    # ngram speculation, k = 2, made exact: every logit of the model is 0, so greedy
+    # sampling always picks token 0; the prompt ends in zeros, so the proposer always finds
+    # the newest token earlier and drafts 0, 0, and every draft is accepted: each verify
+    # step checks 1 + 2 tokens and yields 3 (acceptance length 3); output 7 = 1 + 2 x 3
+    "ngram-tp2": Case("zero-head", dict(tensor_parallel_size=2, speculative_config={
+        "method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1,
+        "prompt_lookup_max": 2}), (Workload("one-request", ((8, 7),), (5, 6, 7, 0, 0, 0, 0, 0)),),
+        validate=("--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}',
+                  "--acceptance-length", "3")),
     # 4 workers on 2 cores: two a core
     "dense-tp4": Case("dense", dict(tensor_parallel_size=4, **SCHEDULED), (ONE,),
                       bind="0|0|1|1"),
@@ -90,10 +101,14 @@ def write_model(kind: str, path: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3MoeConfig
     torch.manual_seed(0)
-    config = (LlamaConfig(**COMMON) if kind == "dense" else
-              Qwen3MoeConfig(**COMMON, moe_intermediate_size=64, num_experts=8,
-                             num_experts_per_tok=2, norm_topk_prob=True))
-    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
+    config = (Qwen3MoeConfig(**COMMON, moe_intermediate_size=64, num_experts=8,
+                             num_experts_per_tok=2, norm_topk_prob=True) if kind == "moe"
+              else LlamaConfig(**COMMON))
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if kind == "zero-head":
+        with torch.no_grad():
+            model.lm_head.weight.zero_()  # every logit 0: greedy sampling picks token 0
+    model.save_pretrained(path)
 
 
 def serve(case: Case, model: Path, out: Path) -> dict[str, list[str]]:
@@ -114,8 +129,8 @@ def serve(case: Case, model: Path, out: Path) -> dict[str, list[str]]:
     for workload in case.workloads:
         prompts, params = [], []
         for i, (prompt, output) in enumerate(workload.requests):
-            prompts.append({"prompt_token_ids": [(7 * i + j) % (VOCAB - 1) + 1
-                                                 for j in range(prompt)]})
+            prompts.append({"prompt_token_ids": list(workload.ids) if workload.ids else [
+                (7 * i + j) % (VOCAB - 1) + 1 for j in range(prompt)]})
             # exactly `output` tokens: random weights may sample an end token early
             params.append(SamplingParams(max_tokens=output, min_tokens=output,
                                          ignore_eos=True, temperature=0.0, detokenize=False))
@@ -140,7 +155,7 @@ def validate_args(case: Case, workload: Workload, out: Path, traces: list[str]) 
     args = ["validate", "--trace", *traces, "--model", str(out / "model" / "config.json"),
             "--tp", str(case.engine.get("tensor_parallel_size", 1)),
             "--pp", str(case.engine.get("pipeline_parallel_size", 1)), "--dtype", "fp32",
-            "--eager", "--no-async-scheduling", "--model-runner", "v1"]
+            "--eager", "--no-async-scheduling", "--model-runner", "v1", *case.validate]
     for key, flag in (("max_num_batched_tokens", "--max-batched-tokens"),
                       ("max_num_seqs", "--max-num-seqs")):
         if key in case.engine:

@@ -163,3 +163,16 @@ def test_dense_pp2(served) -> None:
     rows = _rows(out)
     assert ["0", "prefill", "send", "640", "unknown", "2", "2", "2", "equal"] in rows
     assert ["1", "decode", "recv", "128", "unknown", "2", "4", "4", "equal"] in rows
+
+
+def test_ngram_speculation_tp2(served) -> None:
+    # every logit 0, a prompt ending in zeros: the proposer always drafts 0, 0 and every
+    # draft is accepted (scripts/vllm_cpu_oracle.py); prompt 8, output 7: a prefill of 8
+    # tokens, then 2 verify steps of 1 + 2 = 3 tokens, each yielding 3 (1 + 2 x 3 = 7)
+    out = _valid(served("ngram-tp2"), "one-request")
+    rows = _rows(out)
+    assert ["0", "prefill", "allreduce", "1,024", "fp32", "2", "5", "5", "equal"] in rows  # 8x128
+    assert ["0", "decode", "allreduce", "384", "fp32", "2", "10", "10", "equal"] in rows  # 3x128
+    # the verify step's logits: 3 rows (one a token verified) x 256 / 2
+    assert ["0", "decode", "allgather", "384", "fp32", "2", "2", "2", "equal"] in rows
+    assert _summary(out)["calls"] == 2 * 18
