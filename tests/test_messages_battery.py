@@ -2,6 +2,7 @@
 trace carries is printed escaped, options that do not go together are named for what they
 are, and `report` without -o does not replace ./report.html."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,13 @@ def test_per_rank_and_whole_deployment_are_named_and_defined(cli):
     assert "whole deployment: 145.15 MiB on the wire per inference (bus volume: every call " \
         "of every rank once, an all-reduce 2(n-1)/n of its size" in out
     assert "allreduce 129.49 MiB, allgather 15.66 MiB" in out
+
+
+def test_predict_names_its_allreduce_algorithm(cli):
+    sweep = next(SAMPLES.glob("*-sweep-torch-gloo-w2"))
+    status, out, err = cli("predict", "--sweep", str(sweep), "--model", "llama-3.2-1b",
+                           "--tp", "2", "--prompt", "8", "--decode", "4", "--allreduce-algo",
+                           "ring")
+    assert status == 0, err
+    assert "; all-reduce: ring" in out.splitlines()[1]
+    assert json.loads(out.strip().splitlines()[-1])["allreduce_algo"] == "ring"

@@ -177,7 +177,8 @@ def document(args: argparse.Namespace, priced: list[Any], refused: list[str],
                                                args.gpu_memory_utilization),
             "objective": args.objective, "scope": SCOPE,
             "layouts": [p.as_dict() for p in priced], "refused": refused, "notes": notes,
-            "requests": getattr(args, "requests", None)}
+            "requests": getattr(args, "requests", None),
+            "allreduce_algo": getattr(args, "allreduce_algo", None) or "library"}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -253,7 +254,8 @@ def run(args: argparse.Namespace) -> int:
         print(plan_text(doc, priced, SCOPE) + disagg_text)
         # the last line for tools, short: the whole document is --format json
         best = next((p for p in priced if p.best), None)
-        print(json.dumps({"model": args.model, "gpus": args.gpus, "layouts": len(priced),
+        print(json.dumps({"model": args.model, "gpus": args.gpus,
+                          "allreduce_algo": doc["allreduce_algo"], "layouts": len(priced),
                           "fit": sum(p.fits_memory for p in priced), "refused": len(refused),
                           "best": None if best is None else
                           {"tp": best.shape.tp, "pp": best.shape.pp, "dp": best.shape.dp,

@@ -148,7 +148,8 @@ def run(args: argparse.Namespace) -> int:
         rows.append(row)
     print("\n".join([
         "predict: " + title(pattern),
-        f"from sweep {sweep.path} ({sweep.describe()})",
+        f"from sweep {sweep.path} ({sweep.describe()}); all-reduce: "
+        f"{getattr(args, 'allreduce_algo', None) or 'library'}",
         *([f"inter-node fits from {inter.path} ({inter.describe()})"] if inter else []),
         "", fits_table(topology), "",
         render_table(header, rows, right_align=set(header) - {"metric"}),
@@ -164,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
                             "fits": [{**f.as_dict(), "level": level}
                                      for level, f in all_fits(topology)],
                             "levels_used": sorted(topology.used),
+                            "allreduce_algo": getattr(args, "allreduce_algo", None) or "library",
                             "notes": [*dropped, *notes], "warnings": warnings}
     if workload is not None:
         last["workload"] = workload

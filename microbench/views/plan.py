@@ -94,7 +94,8 @@ def plan_text(doc: dict[str, Any], priced: list[Any], scope: str) -> str:
              f"({doc['gpu_memory_gib']:g} GiB, {doc['gpu_memory_utilization']:g} of it used)"
              + (f"; budget {', '.join(budgets)}" if budgets else ""),
              f"from sweep {doc['sweep']}" + (f", inter-node sweep {doc['sweep_inter']}"
-                                              if doc["sweep_inter"] else ""),
+                                              if doc["sweep_inter"] else "")
+             + f"; all-reduce: {doc.get('allreduce_algo', 'library')}",
              scope, ""]
     if fitting:
         lines.append(layout_rows(fitting, objective, budgeted))
