@@ -23,7 +23,7 @@ import sys
 from typing import Any
 
 from microbench.argtypes import UsageError, positive_int
-from microbench.ranks.children import CHECK_ONLY_VAR, Stopped, run_child
+from microbench.ranks.children import CHECK_ONLY_VAR, Stopped, die_with_parent, run_child
 
 SETTINGS_VAR = "INFERCOMM_SETTINGS"  # the names a grid set, recorded by results/store.py
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -160,7 +160,8 @@ def _check_input(base: list[str], label: str, combo: dict[str, str]) -> int:
     env = {**os.environ, **combo, CHECK_ONLY_VAR: "1"}
     try:
         done = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                              text=True, errors="replace", timeout=120)
+                              text=True, errors="replace", timeout=120,
+                              preexec_fn=die_with_parent(os.getpid()))
     except subprocess.TimeoutExpired:  # a check that slow is no reason to stop the grid
         return 0
     lines = done.stderr.strip().splitlines()
