@@ -57,6 +57,18 @@ REFUSED = [
     # 2 combinations x 100,000 runs: the 64-combination cap did not count the repeats
     ((*REPLAY, "--env", "A=1,2", "--env-runs", "100000"),
      "2 combinations x --env-runs 100,000 = 200,000 runs, more than 640"),
+    # a sweep of sizes ran, ignoring every pattern option (--connector, --moe-backend,
+    # --requests...), and the KV transfer's options with another op
+    (("sweep", "--op", "allreduce", "--nproc", "2", "--moe-backend", "triton"),
+     "--moe-backend describes a pattern, which a sweep of sizes does not make"),
+    (("sweep", "--op", "allreduce", "--nproc", "2", "--requests",
+      "poisson:rate=1,count=5,prompt=10,output=3,seed=1"), "--requests describes a pattern"),
+    (("sweep", "--op", "kvtransfer", "--nproc", "2", "--connector", "nixl"),
+     "--connector describes a pattern, which a sweep of sizes does not make; drop them"),
+    (("sweep", "--op", "allreduce", "--nproc", "2", "--kv-direction", "write"),
+     "--kv-direction acts only with --op kvtransfer"),
+    (("sweep", "--op", "kvtransfer", "--nproc", "2", "--with-collectives"),
+     "--with-collectives acts with replay --disagg"),
     # bad input in a grid: the first run started, then four lines (progress, the run's
     # refusal, 'the run with A=1 failed', 'nothing kept'); now its refusal alone
     ((*REPLAY[:-4], "--tp", "3", "--nproc", "3", "--env", "A=1,2"),

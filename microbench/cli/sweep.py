@@ -118,11 +118,29 @@ def _pattern(args: argparse.Namespace) -> Pattern | None:
     if args.model is not None or args.prompt is not None or args.decode is not None:
         raise UsageError("--model, --prompt and --decode describe a pattern; add "
                          "--from-pattern to sweep its message sizes")
+    from microbench.options.pattern_args import refuse_pattern_options
+    refuse_pattern_options(args)
     if given_range and args.sizes is not None:
         raise UsageError("give sizes by -b/-e/-f or by --sizes, not both")
     if args.sizes is not None and not args.sizes:
         raise UsageError("--sizes is empty; write sizes like 8K,1M")
     return None
+
+
+def refuse_unused_options(args: argparse.Namespace) -> None:
+    """The replay and KV options a sweep would ignore: --with-collectives (replay --disagg's)
+    always, the KV transfer's unless --op kvtransfer."""
+    if args.with_collectives:
+        raise UsageError("--with-collectives acts with replay --disagg; a sweep does not take it")
+    kv = [flag for flag, value, default in (
+        ("--kv-descriptors", args.kv_descriptors, None),
+        ("--kv-direction", args.kv_direction, "read"),
+        ("--kv-transport", args.kv_transport, None),
+        ("--nixl-progress-thread", args.nixl_progress_thread, False)) if value != default]
+    if kv and args.op != ["kvtransfer"]:
+        raise UsageError(f"{', '.join(kv)} act{'s' if len(kv) == 1 else ''} only with --op "
+                         f"kvtransfer; drop {'it' if len(kv) == 1 else 'them'} or sweep --op "
+                         "kvtransfer")
 
 
 def cases_for(args: argparse.Namespace, pattern: Pattern | None,
@@ -193,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
     if args.env or args.env_runs is not None:
         from microbench.tuning.env_grid import run_grid
         return run_grid("sweep", args)
+    refuse_unused_options(args)
     if args.op == ["kvtransfer"]:
         from microbench.sweep.kv_transfer import run_kv_sweep
         return run_kv_sweep(args)

@@ -97,6 +97,29 @@ def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True
     add_workload_arguments(group)
 
 
+def given_pattern_options(args: argparse.Namespace, unused: tuple[str, ...] = ()) -> list[str]:
+    """The pattern options given (not at their defaults), by flag: a command that makes no
+    pattern (a plain sweep) refuses them rather than ignore them. `unused`: dests the
+    command reads itself (a plain sweep's --dtype)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_pattern_arguments(parser, required=False)
+    return [action.option_strings[0] for action in parser._actions
+            if action.dest not in unused and hasattr(args, action.dest)
+            and getattr(args, action.dest) != action.default]
+
+
+def refuse_pattern_options(args: argparse.Namespace,
+                           advice: str = "add --from-pattern --model M --prompt P --decode D, "
+                                         "or drop them") -> None:
+    """A sweep of sizes (`--op kvtransfer` too) makes no pattern: the pattern options given
+    to it (--connector, --moe-backend, --requests...) are refused, never ignored."""
+    from microbench.argtypes import UsageError
+    given = given_pattern_options(args, unused=("dtype",))
+    if given:
+        raise UsageError(f"{', '.join(given)} describe{'s' if len(given) == 1 else ''} a "
+                         f"pattern, which a sweep of sizes does not make; {advice}")
+
+
 def pattern_from_args(args: argparse.Namespace) -> Pattern:
     """Build the pattern; raises ConfigError with a one-line message on bad input."""
     from microbench.options.disagg_args import refuse_disagg_options

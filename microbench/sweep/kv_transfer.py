@@ -46,6 +46,9 @@ def check_args(args: argparse.Namespace) -> tuple[list[int], int]:
     if args.from_pattern or args.model is not None:
         raise UsageError("--op kvtransfer sweeps descriptor sizes; drop --from-pattern and the "
                          "pattern options (plan --disagg prices a model's transfer from it)")
+    from microbench.options.pattern_args import refuse_pattern_options
+    refuse_pattern_options(args, "drop them (plan --disagg --kv-sweep prices a model's "
+                                 "transfer from this sweep)")  # not ignored
     if args.sizes is not None and any(v is not None for v in
                                        (args.minbytes, args.maxbytes, args.stepfactor)):
         raise UsageError("give sizes by -b/-e/-f or by --sizes, not both")
