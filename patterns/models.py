@@ -9,7 +9,7 @@ from pathlib import Path
 
 from patterns.config_checks import check_fields, check_shape, read_config_json
 from patterns.dtypes import canonical_dtype
-from patterns.errors import ConfigError
+from patterns.errors import ConfigError, shown
 
 
 @dataclass(frozen=True)
@@ -227,9 +227,12 @@ def _weight_shapes(raw: dict[str, object]) -> dict[str, object]:
             "weight_format": method if method in ("fp8", "mxfp4") else ""}
 
 
-def _sliding(raw: dict[str, object], layers: int) -> dict[str, object]:
+def _sliding(raw: dict[str, object], layers: int, where: str) -> dict[str, object]:
     """`sliding_window` and the layers `layer_types` marks "sliding_attention" (both needed:
-    a window without layer types, or a type list of another length, is left out).
+    a window without layer types is left out, as Qwen2's unused one). A `layer_types` that is
+    not one name a layer, sliding layers without a positive window, or a Gemma 3
+    `sliding_window_pattern` that is not a positive integer are refused (they were read as
+    full attention, silently).
 
     A Gemma 3 config without `layer_types` gets them as transformers makes them from its
     `sliding_window_pattern` (6 by default): layer i slides unless (i + 1) is a multiple of
@@ -239,12 +242,25 @@ def _sliding(raw: dict[str, object], layers: int) -> dict[str, object]:
     window, types = raw.get("sliding_window"), raw.get("layer_types")
     pattern = raw.get("sliding_window_pattern")
     if types is None and raw.get("model_type") == "gemma3_text":
-        every = pattern if isinstance(pattern, int) and not isinstance(pattern, bool) else 6
-        if every > 0:
-            types = ["sliding_attention" if (i + 1) % every else "full_attention"
-                     for i in range(layers)]
-    if (not isinstance(window, int) or isinstance(window, bool) or window <= 0
-            or not isinstance(types, list) or len(types) != layers):
+        every = 6 if pattern is None else pattern
+        if not isinstance(every, int) or isinstance(every, bool) or every <= 0:
+            raise ConfigError(f"{where}: sliding_window_pattern is {shown(repr(pattern), 20)}; "
+                              "it must be a positive integer (every Nth layer attends to all)")
+        types = ["sliding_attention" if (i + 1) % every else "full_attention"
+                 for i in range(layers)]
+    if types is None:
+        return {}
+    if (not isinstance(types, list) or len(types) != layers
+            or not all(isinstance(kind, str) for kind in types)):
+        said = f"{len(types)} entries" if isinstance(types, list) else type(types).__name__
+        raise ConfigError(f"{where}: layer_types is {said}; it must list one attention kind a "
+                          f"layer ({layers}), e.g. sliding_attention or full_attention")
+    if "sliding_attention" in types and (not isinstance(window, int) or isinstance(window, bool)
+                                         or window <= 0):
+        raise ConfigError(f"{where}: layer_types marks sliding_attention layers, but "
+                          f"sliding_window is {shown(repr(window), 20)}; it must be a positive "
+                          "number of tokens")
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
         return {}
     sliding = tuple(i for i, kind in enumerate(types) if kind == "sliding_attention")
     return {"sliding_window": window, "sliding_layers": sliding} if sliding else {}
@@ -315,7 +331,7 @@ def from_hf_config(path: str | Path) -> ModelConfig:
         moe_layers=_moe_layers(raw, values["num_hidden_layers"], experts),
         mla=bool(raw.get("kv_lora_rank")),
         **_weight_shapes(raw),
-        **_sliding(raw, values["num_hidden_layers"]),
+        **_sliding(raw, values["num_hidden_layers"], where),
         max_position_embeddings=(positions if isinstance(positions, int)
                                  and not isinstance(positions, bool) and positions > 0 else 0),
         **values,

@@ -112,3 +112,37 @@ def test_a_grid_checks_its_input_without_a_run(cli, tmp_path):
     assert status == 2 and out == "", err
     assert err.count("\n") == 1 and "drop --moe-backend" in err, err
     assert not out_dir.exists() or not any(out_dir.iterdir())
+
+
+CONFIGS = ROOT / "tests" / "data" / "configs"
+
+
+def _variant(tmp_path, base: str, **fields):
+    raw = json.loads((CONFIGS / base / "config.json").read_text())
+    target = raw.get("text_config", raw)
+    target.update(fields)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    return path
+
+
+# sliding windows read from a config.json: each of these was read as full attention (all
+# layers' blocks moved), silently; gpt-oss-20b has 24 layers, sliding every other one
+SLIDING = [
+    ("gpt-oss-20b", {"sliding_window": -5}, "sliding_window is -5; it must be a positive"),
+    ("gpt-oss-20b", {"sliding_window": "128"}, "sliding_window is '128'"),
+    ("gpt-oss-20b", {"layer_types": ["sliding_attention"] * 3},
+     "layer_types is 3 entries; it must list one attention kind a layer (24)"),
+    ("gpt-oss-20b", {"layer_types": "sliding_attention"}, "layer_types is str"),
+    ("gemma-3-4b", {"sliding_window_pattern": 0}, "sliding_window_pattern is 0"),
+    ("gemma-3-4b", {"sliding_window_pattern": 2.5}, "sliding_window_pattern is 2.5"),
+]
+
+
+@pytest.mark.parametrize("base, fields, said", SLIDING, ids=[str(f) for _, f, _ in SLIDING])
+def test_a_malformed_sliding_window_is_refused(cli, tmp_path, base, fields, said):
+    status, out, err = cli("pattern", "--model", str(_variant(tmp_path, base, **fields)),
+                           "--prompt", "2000", "--decode", "4",
+                           "--disagg", "prefill=tp2,decode=tp2")
+    assert status == 2 and out == "", err
+    assert len(err.strip().splitlines()) == 1 and said in err, err
