@@ -30,7 +30,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's microbench
+from microbench.argtypes import OneLineParser
 from microbench.ranks.children import Stopped, run_child
+from patterns.errors import shown
 
 
 class SideFailed(Exception):
@@ -47,7 +49,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
                          "-- replay --model llama-3.2-1b --tp 2 ...\n")
         raise SystemExit(2)
     cut = argv.index("--")
-    parser = argparse.ArgumentParser(prog="interleave", description=__doc__.split("\n")[0])
+    parser = OneLineParser(prog="interleave", description=__doc__.split("\n")[0])
     parser.add_argument("-k", "--runs", type=int, default=3,
                         help="runs a side (default 3: the fewest that measure the drift)")
     parser.add_argument("--a", required=True, help="command prefix of side A (the baseline)")
@@ -63,6 +65,31 @@ def parse(argv: list[str]) -> argparse.Namespace:
         parser.error(f"-k {args.runs}: take 1 to 100 runs a side (3 or more measure drift)")
     if not args.command:
         parser.error("nothing after --: give the infercomm command (replay or sweep ...)")
+    # found now, not after every run (a prefix or --compare-args shlex cannot split was a
+    # traceback once all runs were done; a grid's folders cannot be compared)
+    for name in ("a", "b", "compare", "compare_args"):
+        value = getattr(args, name)
+        try:
+            words = shlex.split(value) if value is not None else None
+        except ValueError as err:
+            parser.error(f"--{name.replace('_', '-')} {shown(value, 40)!r}: {err}; quote it as "
+                         "a shell would")
+        if name in ("a", "b") and not words:
+            parser.error(f"--{name} is empty; give the command prefix that runs infercomm")
+    if args.command[0] not in ("replay", "sweep"):
+        parser.error(f"interleave runs replay or sweep, which write run folders to compare; "
+                     f"not {shown(args.command[0], 40)!r}")
+    try:  # an --out no run can write to is one line here, not a failed first run
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        parser.error(f"--out {shown(args.out, 60)!r} cannot be created ({err.strerror}); pass "
+                     "a writable folder")
+    taken = [a for a in args.command
+             if a.split("=", 1)[0] in ("--out", "--label", "--env", "--env-runs")]
+    if taken:
+        parser.error(f"{shown(taken[0], 40)} after --: interleave gives each run --out and "
+                     "--label itself, and a settings grid (--env) cannot be compared run by "
+                     "run; put a setting in a side's prefix (env NAME=v infercomm)")
     return args
 
 

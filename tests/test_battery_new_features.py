@@ -146,3 +146,41 @@ def test_a_malformed_sliding_window_is_refused(cli, tmp_path, base, fields, said
                            "--disagg", "prefill=tp2,decode=tp2")
     assert status == 2 and out == "", err
     assert len(err.strip().splitlines()) == 1 and said in err, err
+
+
+def _interleave_main():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("interleave", ROOT / "scripts" /
+                                                  "interleave.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+# scripts/interleave.py: usage errors were argparse's three lines; a --compare-args shlex
+# cannot split was a ValueError traceback after every run; --env in the command made grids
+# that compare refused after every run; an --out no run can create failed run a-1
+INTERLEAVE = [
+    (("-k", "0"), "-k 0: take 1 to 100 runs a side"),
+    (("--compare-args", '"open'), "--compare-args '\"open': No closing quotation"),
+    (("--a", ""), "--a is empty"),
+    (("--", "replay", "--env", "A=1,2"), "--env after --: interleave gives each run"),
+    (("--", "pattern"), "interleave runs replay or sweep"),
+    (("--out", "/proc/self/x"), "--out '/proc/self/x' cannot be created"),
+]
+
+
+@pytest.mark.parametrize("given, said", INTERLEAVE, ids=[g[0] + g[-1] for g, _ in INTERLEAVE])
+def test_interleave_refuses_in_one_line(capsys, tmp_path, given, said):
+    options = {"-k": "2", "--a": "infercomm", "--b": "infercomm", "--out": str(tmp_path)}
+    command = ["--", "replay", "--model", "llama-3.2-1b", "--tp", "2"]
+    if "--" in given:
+        command = list(given)
+    else:
+        options.update(zip(given[::2], given[1::2], strict=True))
+    argv = [*(x for kv in options.items() for x in kv), *command]
+    with pytest.raises(SystemExit) as ended:
+        _interleave_main()(argv)
+    out, err = capsys.readouterr()
+    assert ended.value.code == 2 and out == "", err
+    assert len(err.strip().splitlines()) == 1 and said in err, err
