@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SWEEPS = ROOT / "results" / "examples" / "plan-sweeps"
 INTRA = next(SWEEPS.glob("*-intra-shm"))
 KV_INTRA = next(SWEEPS.glob("*-kv-intra-nixl"))
+TRACE = ROOT / "tests" / "fixtures" / "traces" / "nccl_interleaved_tp2.log"
 PLAN = ("plan", "--model", "llama-3.1-8b", "--gpus", "8", "--gpus-per-node", "8",
         "--sweep", str(INTRA), "--prompt", "128", "--decode", "4")
 PATTERN = ("pattern", "--model", "llama-3.1-8b", "--prompt", "128", "--decode", "4")
@@ -69,6 +70,12 @@ REFUSED = [
      "--kv-direction acts only with --op kvtransfer"),
     (("sweep", "--op", "kvtransfer", "--nproc", "2", "--with-collectives"),
      "--with-collectives acts with replay --disagg"),
+    # replay --trace replayed the trace, ignoring the pattern options given with it
+    (("replay", "--trace", str(TRACE), "--engine", "sglang", "--moe-backend", "triton"),
+     "--trace replays the trace's own calls on its own layout; drop --engine, --moe-backend"),
+    (("replay", "--trace", str(TRACE), "--connector", "nixl"), "drop --connector"),
+    (("replay", "--trace", str(TRACE), "--kv-transport", "rma"),
+     "--kv-transport describe(s) the KV transfer of --disagg"),
     # bad input in a grid: the first run started, then four lines (progress, the run's
     # refusal, 'the run with A=1 failed', 'nothing kept'); now its refusal alone
     ((*REPLAY[:-4], "--tp", "3", "--nproc", "3", "--env", "A=1,2"),

@@ -86,9 +86,15 @@ def pattern_or_trace(args: argparse.Namespace) -> Pattern:
     laid_out += [flag for flag in ("--requests", "--speculative-config", "--step-time-ms")
                  if getattr(args, flag[2:].replace("-", "_"), None) is not None]
     if args.trace:
-        if named or laid_out:
+        # every pattern option, not only the layout's: --engine, --moe-backend, --connector
+        # and the like were ignored, the trace replayed as if they were not given
+        from microbench.options.disagg_args import refuse_disagg_options
+        from microbench.options.pattern_args import given_pattern_options
+        given = given_pattern_options(args)
+        if given:
             raise UsageError("--trace replays the trace's own calls on its own layout; drop "
-                             + ", ".join(named + laid_out))
+                             + ", ".join(given))
+        refuse_disagg_options(args)  # --kv-transport and the KV transfer's other options
         from patterns.traces import read_traces
         from patterns.traces.to_pattern import trace_pattern
         return trace_pattern(read_traces(args.trace))
