@@ -165,7 +165,8 @@ def test_nccl_backend_objects_versions_and_marks(fake):
     assert fake.allgather_object(2) == [2]
     fake.barrier()
     info = fake.versions()
-    assert (info["nccl"], info["cuda"], info["gpu"]) == ("2.27.3", "12.4", "Fake GPU")
+    assert (info["nccl"], info["cuda"], info["gpu"]) == (
+        "2.27.3", "12.4", "Stand-in GPU (tests/fake_cupy.py)")
     assert info["unique_id_exchange"] == "tcp-store"
     # gather/all-to-all as grouped send/recv, said so a torch-vs-nccl comparison names it
     assert info["gather_alltoall"] == "grouped send/recv"
@@ -173,6 +174,7 @@ def test_nccl_backend_objects_versions_and_marks(fake):
     assert isinstance(marks, CudaMarks)
     for _ in range(3):
         marks.mark()
+    fake.synchronize()  # as the replayer does: an event's time is read once it completed
     elapsed = marks.elapsed_us()
     assert elapsed[0] == 0 and np.all(np.diff(elapsed) >= 0)
 

@@ -29,5 +29,6 @@ def test_srun_pmi2_tasks_record_their_own_local_rank(slurm_cluster, tmp_path):  
     meta = json.loads((Path(last_json(proc.stdout)["results_dir"]) / "meta.json").read_text())
     assert meta["launcher"] == "pmi"
     assert meta["local_ranks"] == [
-        {"rank": 0, "local_rank": 0, "from": "SLURM_LOCALID", "gpu": None},
-        {"rank": 1, "local_rank": 1, "from": "SLURM_LOCALID", "gpu": None}]
+        # a CPU replay captures no CUDA graphs: graphs 0 on each rank
+        {"rank": 0, "local_rank": 0, "from": "SLURM_LOCALID", "gpu": None, "graphs": 0},
+        {"rank": 1, "local_rank": 1, "from": "SLURM_LOCALID", "gpu": None, "graphs": 0}]
