@@ -42,6 +42,11 @@ REFUSED = [
     ((*PLAN, "--moe-backend", "triton"), "error: moe-backend picks the kernel of mxfp4"),
     ((*PLAN, "--engine", "sglang", "--model-runner", "v2"),
      "error: --model-runner does not apply to engine sglang"),
+    # plan --disagg auto with another engine's connector version left every candidate out
+    # ("left out: ... is not modelled for sglang" on each line) and exited 0
+    ((*PLAN, "--disagg", "auto", "--kv-sweep", str(KV_INTRA), "--engine", "sglang",
+      "--connector-version", "c8109375"),
+     "--connector-version 'c8109375' is not modelled for sglang; use 8905cbd4"),
     # --disable-overlap-schedule is refused on a batch pattern; with --disagg it was ignored
     (PATTERN + DISAGG + ("--engine", "sglang", "--disable-overlap-schedule"),
      "--disable-overlap-schedule is not modelled with it"),

@@ -28,7 +28,7 @@ from microbench.argtypes import UsageError
 from microbench.views.textfmt import format_bytes, format_us, render_table
 from patterns import ConfigError, Layout, ModelConfig, Workload
 from patterns.disagg import DisaggPattern, KVTransfer, generate_disagg, parse_disagg
-from patterns.disagg.layouts import DisaggLayout, side_text
+from patterns.disagg.layouts import DisaggLayout, connector_of, side_text
 from patterns.weights import gpu_memory_bytes
 
 # What a colocated pattern is made with: none of the disaggregated options.
@@ -212,6 +212,8 @@ def plan_disagg(args: argparse.Namespace, model: ModelConfig, topology: Topology
     from microbench.analysis.predict import predict_pattern
     from microbench.options.disagg_args import engine_options
 
+    # the connector and its version once: a wrong one left every candidate out, exit 0
+    connector_of(args.engine, args.connector, args.connector_version)
     fits = kv_fits(args, sweep_rows, inter_rows)
     workload = Workload(prompt=args.prompt, decode=args.decode, batch=args.batch,
                         dtype=args.dtype)
