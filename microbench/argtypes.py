@@ -96,6 +96,17 @@ def byte_size(text: str) -> int:
 MAX_LABEL_CHARS = 120
 
 
+def model_name(text: str) -> str:
+    """--name: printed in every header and JSON line and named in the run's folder."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty name names nothing; pass the model's name "
+                                         "(e.g. my-llama-8b) or drop --name")
+    if len(text) > MAX_LABEL_CHARS or not text.isprintable():
+        raise argparse.ArgumentTypeError(f"'{shown(text, 40)}': a name is at most "
+                                         f"{MAX_LABEL_CHARS} printable characters")
+    return text
+
+
 def run_label(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("an empty label names nothing; pass a few words such "

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from patterns.config_checks import check_fields, check_shape, read_config_json
 from patterns.dtypes import canonical_dtype
-from patterns.errors import ConfigError, shown
+from patterns.errors import ConfigError, printable, shown
 
 
 @dataclass(frozen=True)
@@ -270,12 +270,13 @@ def model_name(raw: dict, file: Path, hidden: int, layers: int) -> str:
     """A name from the model itself, never from the folder holding the file (a Hugging Face
     cache folder is a commit hash): `_name_or_path`'s last part, else model_type with its size,
     else the file's stem."""
-    given = str(raw.get("_name_or_path") or "").rstrip("/")
+    # escaped: the name is printed in every header, and a file's text never drives the terminal
+    given = printable(str(raw.get("_name_or_path") or "").rstrip("/"))
     if given:  # a hub id (org/model) as it is; a local path by its last part
         return given.rsplit("/", 1)[-1] if given[0] in "/.~" else given
     if raw.get("model_type"):
-        return f"{raw['model_type']}-h{hidden}-L{layers}"
-    return file.stem
+        return f"{printable(str(raw['model_type']))}-h{hidden}-L{layers}"
+    return printable(file.stem)
 
 
 def from_hf_config(path: str | Path) -> ModelConfig:

@@ -81,6 +81,10 @@ REFUSED = [
     (("replay", "--trace", str(TRACE), "--connector", "nixl"), "drop --connector"),
     (("replay", "--trace", str(TRACE), "--kv-transport", "rma"),
      "--kv-transport describe(s) the KV transfer of --disagg"),
+    # --name is printed in every header: a terminal escape in it was printed raw, an empty
+    # one named the model ""
+    ((*PATTERN, "--name", "a\x1b]0;pwn\x07b"), "'a\\x1b]0;pwn\\x07b': a name is at most 120"),
+    ((*PATTERN, "--name", ""), "an empty name names nothing"),
     # bad input in a grid: the first run started, then four lines (progress, the run's
     # refusal, 'the run with A=1 failed', 'nothing kept'); now its refusal alone
     ((*REPLAY[:-4], "--tp", "3", "--nproc", "3", "--env", "A=1,2"),
@@ -196,3 +200,13 @@ def test_interleave_refuses_in_one_line(capsys, tmp_path, given, said):
     out, err = capsys.readouterr()
     assert ended.value.code == 2 and out == "", err
     assert len(err.strip().splitlines()) == 1 and said in err, err
+
+
+def test_a_configs_name_is_printed_escaped(cli, tmp_path):
+    # _name_or_path is a file's text: the pattern's header printed it raw (an OSC sequence
+    # that sets the terminal's title here)
+    path = _variant(tmp_path, "qwen3-8b", _name_or_path="x\x1b]0;pwn\x07y")
+    status, out, err = cli("pattern", "--model", str(path), "--prompt", "8", "--decode", "2",
+                           "--tp", "2")
+    assert status == 0, err
+    assert "\x1b" not in out and "x\\x1b]0;pwn\\x07y" in out.splitlines()[0]

@@ -3,7 +3,7 @@
 import argparse
 import dataclasses
 
-from microbench.argtypes import positive_int, positive_int_list
+from microbench.argtypes import model_name, positive_int, positive_int_list
 from patterns import ENGINES, EngineOptions, Layout, Pattern, Workload, generate, resolve_model
 from patterns.engines import DEFAULT_ENGINE
 from patterns.moe import A2A_MODES, check_a2a
@@ -16,7 +16,7 @@ def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True
     group = parser.add_argument_group("pattern")
     group.add_argument("--model", required=required,
                        help="preset name (see `infercomm models`) or path of a config.json")
-    group.add_argument("--name", default=None,
+    group.add_argument("--name", default=None, type=model_name,
                        help="the model's name in output and run folders (default: from the "
                             "config: _name_or_path, else model_type and size, else file stem)")
     if layout:
