@@ -281,3 +281,23 @@ def test_alltoall_needs_dp_and_ep():
     with pytest.raises(ConfigError, match=r"it needs --dp N \(N > 1\) and --ep \(here dp\(1\)"):
         generate("vllm", DEEPSEEK, Layout(tp=8, ep=True), Workload(16, 2),
                  EngineOptions(a2a="alltoall"))
+
+
+@pytest.mark.parametrize("async_on, runner, transport", [
+    # Model Runner V1 (DeepSeek-V3's default) all-reduces its [4, dp] int32 coordination
+    # tensor on the DP group's gloo CPU group only when disable_nccl_for_dp_synchronization,
+    # which config/vllm.py:1145-1156 @ c8109375 sets from async scheduling; without it, on
+    # the NCCL device group (v1/worker/dp_utils.py:18-33, 53).
+    (None, "v1", Transport.GLOO), (True, "v1", Transport.GLOO),
+    (False, "v1", Transport.NCCL),
+    # Model Runner V2 always uses the CPU group (v1/worker/gpu/dp_utils.py:32-37): [3, dp].
+    (False, "v2", Transport.GLOO), (None, "v2", Transport.GLOO),
+])
+def test_dp_coordination_transport_follows_async_scheduling(async_on, runner, transport):
+    pat = generate("vllm", DEEPSEEK, Layout(dp=8, ep=True), Workload(16, 3, batch=128),
+                   EngineOptions(async_scheduling=async_on, model_runner=runner))
+    for _phase, step, _repeat in steps_of(pat):
+        coord = step.ops[0]
+        assert coord.tag == "dp_utils.coordinate_batch_across_dp"
+        rows = 4 if runner == "v1" else 3
+        assert (coord.shape, coord.dtype, coord.transport) == ((rows, 8), "int32", transport)

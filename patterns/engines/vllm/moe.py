@@ -15,8 +15,9 @@ vLLM (vllm-project/vllm):
   same way (`Op.counts`).
 - `v1/worker/dp_utils.py` @ 00746147 (`_run_ar`, `_synchronize_dp_ranks`): each step, an
   all-reduce of a [4, dp] int32 tensor over the DP group, on its gloo CPU group when
-  `disable_nccl_for_dp_synchronization` (the default with async scheduling); Model Runner V2
-  sends [3, dp] (spec 10.3). The ranks then pad to the largest token count when the synced
+  `disable_nccl_for_dp_synchronization` (the default with async scheduling; NCCL under
+  `--no-async-scheduling`); Model Runner V2 sends [3, dp] (spec 10.3), always on gloo. The
+  ranks then pad to the largest token count when the synced
   CUDA-graph mode is not NONE (the minimum over ranks: a single eager rank makes every rank
   eager, unpadded): `dp_padded_tokens` below.
 - `model_executor/models/deepseek_v2.py`, `qwen3_moe.py`: sequence-parallel MoE when tp > 1
@@ -67,14 +68,22 @@ from patterns.ops import Op, OpKind, Transport
 DP_SYNC_ROWS = {"v1": 4, "v2": 3}
 
 
-def vllm_dp_coordination(layout: Layout, runner: str = "v2") -> list[Op]:
-    """The per-step all-reduce of `coordinate_batch_across_dp` (none at dp 1)."""
+def vllm_dp_coordination(layout: Layout, runner: str = "v2",
+                         async_scheduling: bool = True) -> list[Op]:
+    """The per-step all-reduce of `coordinate_batch_across_dp` (none at dp 1).
+
+    Model Runner V2 reduces on the DP group's CPU (gloo) group always
+    (`v1/worker/gpu/dp_utils.py:32-37` @ c8109375). V1 does so only when
+    `disable_nccl_for_dp_synchronization`, which vLLM sets from async scheduling
+    (`config/vllm.py:1145-1156`); under `--no-async-scheduling` V1 copies the tensor to
+    the GPU and reduces it on the NCCL device group (`v1/worker/dp_utils.py:18-33, 53`)."""
     if layout.dp == 1:
         return []
     shape = (DP_SYNC_ROWS[runner], layout.dp)
+    on_cpu = runner == "v2" or async_scheduling
     return [Op(kind=OpKind.ALLREDUCE, group="dp", group_size=layout.dp, shape=shape,
                out_shape=shape, dtype="int32", tag="dp_utils.coordinate_batch_across_dp",
-               transport=Transport.GLOO)]
+               transport=Transport.GLOO if on_cpu else Transport.NCCL)]
 
 
 def vllm_moe_layer(prefix: str, layout: Layout, tokens: Sequence[int], dp_rank: int,

@@ -296,9 +296,10 @@ def _own_steps(workload: Workload, dp_rank: int, budget: int) -> list[tuple[Rank
 def _dp_replicas(model: ModelConfig, layout: Layout, workload: Workload,
                  options: EngineOptions, runner: str) -> tuple[tuple[tuple[Run, ...], ...], ...]:
     """A MoE model at dp > 1: every DP rank's runs, the ranks stepping together
-    (`patterns.dp_steps`): the per-step coordination all-reduce on the DP gloo group
-    (`v1/worker/dp_utils.py`), DP padding, dummy steps on a rank that has finished, and the
-    dispatch / combine of every MoE layer. PP broadcasts take every step as sampling."""
+    (`patterns.dp_steps`): the per-step coordination all-reduce on the DP gloo group (NCCL
+    under V1 with --no-async-scheduling: `vllm_dp_coordination`), DP padding, dummy steps
+    on a rank that has finished, and the dispatch / combine of every MoE layer.
+    PP broadcasts take every step as sampling."""
     default_seqs, default_budget = v1_defaults(options.gpu)
     max_seqs = options.max_num_seqs or default_seqs
     budget = options.max_batched_tokens or default_budget
@@ -318,7 +319,8 @@ def _dp_replicas(model: ModelConfig, layout: Layout, workload: Workload,
                tokens: tuple[int, ...]) -> list[Op]:
         st = replace(sts[stage], dp_rank=d, dp_tokens=tokens)
         rows = steps[d].rows
-        ops = (vllm_dp_coordination(layout, runner) + forward(st, tokens[d], rows)
+        ops = (vllm_dp_coordination(layout, runner, async_scheduling(options))
+               + forward(st, tokens[d], rows)
                + pp_broadcasts(st, rows, rows > 0, True, runner))
         # A dummy step samples nothing: no logits call.
         return [op for op in ops if not (op.tag == "logits" and rows == 0)]
