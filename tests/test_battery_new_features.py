@@ -210,3 +210,18 @@ def test_a_configs_name_is_printed_escaped(cli, tmp_path):
                            "--tp", "2")
     assert status == 0, err
     assert "\x1b" not in out and "x\\x1b]0;pwn\\x07y" in out.splitlines()[0]
+
+
+@pytest.mark.parametrize("value", ["big", 10 ** 400, -1, True])
+def test_a_kv_transfer_runs_counts_are_checked(cli, tmp_path, value):
+    # report of a KV-transfer run whose meta.json says kv_transfer_bytes "big" (or 10^400)
+    # was a ValueError (OverflowError) traceback from the report's table
+    run = tmp_path / "run"
+    run.mkdir()
+    meta = {"kind": "kvtransfer", "argv": ["replay"], "backend": "torch", "world_size": 2,
+            "kv_transfer_bytes": value}
+    (run / "meta.json").write_text(json.dumps(meta))
+    status, out, err = cli("report", str(run), "-o", str(tmp_path / "r.html"))
+    assert status == 2 and out == "", err
+    assert "meta.json: kv_transfer_bytes is " in err and "not a count" in err, err
+    assert not (tmp_path / "r.html").exists()

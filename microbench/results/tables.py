@@ -18,6 +18,7 @@ import pandas as pd
 
 from microbench.argtypes import UsageError
 from microbench.results.grids import grid_message
+from patterns.errors import number_text
 
 KINDS = ("replay", "sweep", "kvtransfer")
 
@@ -100,6 +101,13 @@ def read_meta(folder: Path) -> dict[str, Any]:
     world = _need(path, meta, "world_size", int, "a positive integer")
     if world < 1:
         raise UsageError(f"{path}: world_size {world} must be a positive integer")
+    if kind == "kvtransfer":  # the counts report's table prints (a string was a traceback)
+        for key in ("kv_transfer_bytes", "pairs", "descriptors"):
+            value = meta.get(key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or not 0 <= value < 1 << 63):
+                raise UsageError(f"{path}: {key} is {number_text(value)}, not a count of at "
+                                 "most 2^63; not a meta.json infercomm wrote")
     if kind == "replay":
         pattern = _need(path, meta, "pattern", dict, "the replayed pattern, an object")
         for key in ("model", "layout", "workload", "engine"):
