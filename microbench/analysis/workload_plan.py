@@ -105,6 +105,42 @@ def _op_key(op: Any) -> tuple[Any, ...]:
             op.counts)
 
 
+def _step_sum(ops: tuple[Any, ...], memo: dict[Any, Any], by_key: dict[Any, float],
+              value: Any) -> float:
+    """`value(op)` summed over a step's calls in their order, as `own += value(op)` would:
+    steps that share every call but the last (one forward, its logits rows apart) share the
+    sum of those, and a call object is keyed once. `memo` holds what it keys by id, with
+    the objects, so no id is reused while it is kept."""
+    hit = memo.get(id(ops))
+    if hit is not None:
+        return hit[0]
+    ids = tuple(map(id, ops[:-1]))
+    prefix = memo.get(ids)
+    if prefix is None:
+        total, last, v = 0.0, None, 0.0
+        for op in ops[:-1]:
+            if op is not last:  # a layer's calls repeat as one object (profile.forward)
+                v, last = _call_value(op, memo, by_key, value), op
+            total += v
+        prefix = memo[ids] = (total, ops)
+    total = prefix[0]
+    if ops:
+        total += _call_value(ops[-1], memo, by_key, value)
+    memo[id(ops)] = (total, ops)
+    return total
+
+
+def _call_value(op: Any, memo: dict[Any, Any], by_key: dict[Any, float], value: Any) -> float:
+    hit = memo.get(("op", id(op)))
+    if hit is None:
+        key = _op_key(op)
+        v = by_key.get(key)
+        if v is None:
+            v = by_key[key] = value(op)
+        hit = memo[("op", id(op))] = (v, op)
+    return hit[0]
+
+
 class _Stages:
     """What pp > 1 adds to one step of T tokens sampling S (module doc), the fits of each
     hop and of the broadcast looked up once per layout."""
@@ -162,6 +198,8 @@ def price_lanes(lanes: Lanes, topology: Topology, gpu: str,
     said = lanes.shared.setdefault(("notes", tp), set())  # what pricing its steps noted
     topology.notes |= said
     by_call = lanes.shared.setdefault(("call", tp), {})  # a call's time by _op_key
+    steps = lanes.shared.setdefault(("comm", tp), {})  # _step_sum's memo
+    before = set(topology.notes)
     for lane in lanes.lanes:
         schedule = lane.schedule
         requests = lane.requests
@@ -169,18 +207,7 @@ def price_lanes(lanes: Lanes, topology: Topology, gpu: str,
         comm, floor = [], []
         for seg, step in zip(schedule.segments, lane.segment_steps, strict=True):
             shape = seg.shape
-            own = lanes.shared.get(("comm", tp, id(step.ops)))
-            if own is None:
-                before = set(topology.notes)
-                own = 0.0
-                for op in step.ops:
-                    key = _op_key(op)
-                    t = by_call.get(key)
-                    if t is None:
-                        t = by_call[key] = costs.of(0, 0, op).busy_us
-                    own += t
-                lanes.shared[("comm", tp, id(step.ops))] = own
-                said |= topology.notes - before
+            own = _step_sum(step.ops, steps, by_call, lambda op: costs.of(0, 0, op).busy_us)
             comm.append(own + stages.extra_us(step.tokens, shape.samples))
             fkey = (shape, round(context))
             if fkey not in floors:
@@ -195,6 +222,7 @@ def price_lanes(lanes: Lanes, topology: Topology, gpu: str,
                                                           strict=True)))
         floor_ends.append(sum(t * s.repeat for t, s in zip(floor, schedule.segments,
                                                            strict=True)))
+    said |= topology.notes - before  # what pricing new calls noted
     c, f = summary(comm_figs), summary(floor_figs)
     pp = layout.pp
     peak = max(sum(kv_tokens(lane) for lane in lanes.lanes[r * pp:(r + 1) * pp])
@@ -216,16 +244,7 @@ def lanes_volume(lanes: Lanes) -> int:
     broadcasts = layout.pp > 1 and lanes.lanes[0].engine == "vllm"
     for lane in lanes.lanes:
         for step, seg in zip(lane.segment_steps, lane.schedule.segments, strict=True):
-            own = per_step.get(id(step.ops))
-            if own is None:
-                own = 0.0
-                for op in step.ops:
-                    key = _op_key(op)
-                    v = by_call.get(key)
-                    if v is None:
-                        v = by_call[key] = float(op_volume(op))
-                    own += v
-                per_step[id(step.ops)] = own
+            own = _step_sum(step.ops, per_step, by_call, lambda op: float(op_volume(op)))
             sampled = (8 * seg.shape.samples + 4 * (seg.shape.samples + 1)
                        if broadcasts and seg.shape.samples else 0)
             total += (own + hop * step.tokens + sampled) * seg.repeat

@@ -158,7 +158,7 @@ def workload_lanes(args: argparse.Namespace, model: Any, engine_gpu: str) -> Any
                 made[key] = workload_pattern(args.engine, model, type(layout)(tp=layout.tp),
                                              [requests[i] for i in indices], args.dtype,
                                              options, step_time_s, None, args.requests,
-                                             args.mixed_chunk)
+                                             args.mixed_chunk, untagged=True)
             return made[key]
         return lanes_of(lane, model, layout, requests, args.dp_routing or "round-robin",
                         step_time_s, shared)

@@ -52,10 +52,12 @@ def workload_pattern(engine: str, model: ModelConfig, layout: Layout,
                      requests: Sequence[Request], dtype: str | None, options: EngineOptions,
                      step_time_s: float | None, spec: SpecConfig | None = None,
                      source: str = "", mixed_chunk: bool = False, flag: str = "--requests",
-                     progress: Callable[[str], None] | None = None) -> WorkloadPattern:
+                     progress: Callable[[str], None] | None = None,
+                     untagged: bool = False) -> WorkloadPattern:
     """The pattern of a request workload under `engine`'s scheduler. `flag` names the option
     that asked for it in refusals (--requests, or --speculative-config for one batch);
-    `progress`, when given, is told each phase of a large workload."""
+    `progress`, when given, is told each phase of a large workload; `untagged`, calls for
+    pricing alone under vLLM (plan: vllm/workload.py), their tags not each layer's."""
     if spec is not None:
         check_spec_model(spec, model, engine)
     check_workload_layout(engine, layout, flag)
@@ -70,7 +72,7 @@ def workload_pattern(engine: str, model: ModelConfig, layout: Layout,
                           "prefill chunks and decodes; use it with --engine sglang")
     if engine == "vllm":
         pattern = vllm_workload(model, layout, requests, dtype, options, step_time_s, spec,
-                                source)
+                                source, untagged)
     else:
         pattern = sglang_workload(model, layout, requests, dtype, options, step_time_s, spec,
                                   source, mixed_chunk)

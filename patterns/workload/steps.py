@@ -71,7 +71,7 @@ def shell_workload(requests: Sequence[Request], dtype: str | None) -> Workload:
 
 def build_pattern(engine: str, model: ModelConfig, layout: Layout, requests: Sequence[Request],
                   dtype: str | None, options: EngineOptions, schedule: Schedule,
-                  step_ops: Callable[[Stage, StepShape], tuple[StepGraph, list[Op]]],
+                  step_ops: Callable[[Stage, StepShape], tuple[StepGraph, Sequence[Op]]],
                   source: str, spec: str = "") -> WorkloadPattern:
     """`step_ops(stage, shape)`: the engine's graph decision and calls for one step shape."""
     longest = max(requests, key=lambda r: r.prompt + r.output)
@@ -85,7 +85,7 @@ def build_pattern(engine: str, model: ModelConfig, layout: Layout, requests: Seq
     @cache
     def of(shape: StepShape) -> tuple[StepGraph, tuple[Op, ...]]:
         graph, ops = step_ops(st, shape)
-        return graph, tuple(ops)
+        return graph, tuple(ops)  # a tuple given is kept, shared with other patterns
 
     runs: list[Run] = []
     graphs: list[StepGraph] = []

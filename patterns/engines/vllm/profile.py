@@ -49,6 +49,7 @@ Code read: vLLM upstream main of 2026-08-03 as modal-projects/vllm @ c8109375 (a
 """
 
 from dataclasses import replace
+from functools import lru_cache
 
 from patterns.dp_steps import RankStep, align_dp_runs, build_replicas, dp_padded_tokens
 from patterns.dtypes import dtype_bytes
@@ -206,14 +207,36 @@ def pp_receive(st: Stage, tokens: int,
     return recvs + gathers, shape
 
 
-def forward(st: Stage, tokens: int, rows: int, vocab_multiple: int = 64) -> list[Op]:
-    """Model calls of one forward pass of T = `tokens` over R = `rows` requests."""
+@lru_cache(maxsize=64)
+def _layer_classes(st: Stage) -> tuple[tuple[object, ...], ...]:
+    """Per layer of the stage, what `_layer_ops` reads of it besides its number in the tags:
+    two layers of one class issue the same calls but for their tags."""
+    moe = st.model.is_moe_layer
+    return tuple((moe(layer), mlp_module(st.model, layer), layer == st.layers[-1], layer == 0,
+                  layer > 0 and moe(layer - 1)) for layer in st.layers)
+
+
+def forward(st: Stage, tokens: int, rows: int, vocab_multiple: int = 64,
+            untagged: bool = False) -> list[Op]:
+    """Model calls of one forward pass of T = `tokens` over R = `rows` requests.
+
+    `untagged`: for pricing alone (plan, whose sums read no tag), the calls of a layer are
+    built once per `_layer_class` and the same objects stand for every layer of that class,
+    with the first one's tags; every other field equals what each layer issues."""
     ops, shape = pp_receive(st, tokens)
     if st.tp > 1 and st.is_first:
         ops.append(_allreduce(st, tokens, "embed_tokens"))
     if st.tp > 1 or exchanges_tokens(st.layout):  # MoE layers exchange tokens at dp > 1
+        built: dict[tuple[object, ...], list[Op]] = {}
+        classes = _layer_classes(st) if untagged else ()
         for layer in st.layers:
-            ops += _layer_ops(st, layer, tokens)
+            if not untagged:
+                ops += _layer_ops(st, layer, tokens)
+                continue
+            kind = classes[layer - st.first_layer]
+            if kind not in built:
+                built[kind] = _layer_ops(st, layer, tokens)
+            ops += built[kind]
         if deepseek_sp(st):
             ops += sp_final(st, tokens)
     if not st.is_last:

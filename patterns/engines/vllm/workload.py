@@ -26,13 +26,27 @@ from patterns.workload.steps import StepGraph, WorkloadPattern, build_pattern, l
 
 
 @lru_cache(maxsize=4096)
-def _forward_ops(st: Stage, tokens: int) -> tuple[Op, ...]:
-    return tuple(vllm_profile.forward(st, tokens, 1))
+def _forward_ops(st: Stage, tokens: int, untagged: bool = False) -> tuple[Op, ...]:
+    return tuple(vllm_profile.forward(st, tokens, 1, untagged=untagged))
+
+
+@lru_cache(maxsize=1 << 16)
+def _untagged_step(st: Stage, tokens: int, rows: int) -> tuple[Op, ...]:
+    """One step's calls for pricing (`forward`'s `untagged`), its logits `rows` rows: one
+    tuple for every lane and layout of this stage, so plan prices it once."""
+    ops = list(_forward_ops(st, tokens, True))
+    if ops and ops[-1].tag == "logits":
+        shard = ops[-1].shape[1]
+        ops[-1] = replace(ops[-1], shape=(rows, shard), out_shape=(rows, shard * st.tp))
+    return tuple(ops)
 
 
 def vllm_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request],
                   dtype: str | None, options: EngineOptions, step_time_s: float | None,
-                  spec: SpecConfig | None, source: str) -> WorkloadPattern:
+                  spec: SpecConfig | None, source: str,
+                  untagged: bool = False) -> WorkloadPattern:
+    """`untagged`: calls for pricing alone (plan): the layers' calls carry the tags of the
+    first layer of their kind (profile.forward), each step's tuple shared between patterns."""
     default_seqs, default_budget = v1_defaults(options.gpu)
     max_seqs = options.max_num_seqs or default_seqs
     budget = options.max_batched_tokens or default_budget
@@ -57,7 +71,7 @@ def vllm_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request
         # workload of this stage (plan prices thousands of them, analysis/workload_plan.py)
         return _forward_ops(replace(st, workload=Workload(1, 1, dtype=st.dtype)), tokens)
 
-    def step_ops(st: Stage, shape: StepShape) -> tuple[StepGraph, list[Op]]:
+    def step_ops(st: Stage, shape: StepShape) -> tuple[StepGraph, Sequence[Op]]:
         # Uniform: every request 1 (+ k) tokens; a padded 1-token prompt counts as a decode.
         uniform = shape.prefill_seqs == shape.padded_prompts
         padded_reqs = None
@@ -65,6 +79,9 @@ def vllm_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request
             graph, padded_reqs = v2.dispatch(shape.tokens, uniform=uniform)
         else:
             graph = padded(sizes, shape.tokens, uniform_decode=uniform)
+        if untagged and spec is None:
+            key = replace(st, workload=Workload(1, 1, dtype=st.dtype))
+            return graph, _untagged_step(key, graph.tokens, logit_rows(shape))
         ops = list(model_ops(st, graph.tokens))
         if ops and ops[-1].tag == "logits":  # R rows: every scheduled request's (verify) rows
             rows, shard = logit_rows(shape), ops[-1].shape[1]
