@@ -295,7 +295,7 @@ def test_async_scheduling_with_ngram_refused():
 
 @pytest.mark.parametrize("given, first_batch", [
     # SGLang sets max_running_requests to 48 with speculative decoding when none is given
-    # (arg_groups/speculative_hook.py:254-258 @ 8905cbd4): of 50 prompts of 4 tokens
+    # (arg_groups/speculative_hook.py:507-511 @ 8905cbd4): of 50 prompts of 4 tokens
     # arriving at 0, the first extend takes 48 (192 tokens, within the 8192 chunk).
     (None, 48),
     (64, 50),  # --max-running-requests 64 given: all 50 (200 tokens).
@@ -398,3 +398,26 @@ def test_one_token_prompt_padded_to_a_verify(prompt, graph, rows):
     assert (step1.tokens, step1.graph) == graph
     logits = next(o for o in p.segment_steps[1].ops if o.tag == "logits")
     assert logits.shape[0] == rows
+
+
+def test_sglang_speculation_turns_mixed_chunk_off():
+    # SGLang accepts --enable-mixed-chunk with speculative decoding and turns it off with a
+    # warning (arg_groups/speculative_hook.py:521-526 @ 8905cbd4), so the pattern is the one
+    # without it. A (prompt 4, output 9) at 0; B (prompt 4, output 9) at 15 ms, 10 ms steps:
+    # B is there from step 2. Mixed chunks (no speculation) put A's decode in B's extend
+    # (decode_seqs 1); under speculation B's extend runs alone (decode_seqs 0).
+    reqs = [Request(0, 4, 9), Request(0.015, 4, 9)]
+    s = parse_spec('{"method": "eagle", "num_speculative_tokens": 1}', 1.5, None)
+
+    def b_extend(spec, mixed):
+        p = workload_pattern("sglang", resolve_model("llama-3.1-8b"), Layout(tp=2), reqs,
+                             None, EngineOptions(), 0.010, spec, mixed_chunk=mixed)
+        shapes = [seg.shape for seg in p.schedule.segments]
+        return p, [sh for sh in shapes if sh.prefill_seqs][1]
+
+    _, plain_mixed = b_extend(None, True)
+    assert (plain_mixed.prefill_tokens, plain_mixed.decode_seqs) == (4, 1)
+    spec_mixed, b = b_extend(s, True)
+    assert (b.prefill_tokens, b.decode_seqs) == (4, 0)
+    spec_plain, _ = b_extend(s, False)
+    assert spec_mixed.schedule == spec_plain.schedule

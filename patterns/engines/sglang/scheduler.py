@@ -31,8 +31,9 @@ known finished once the step of its last token is processed (the step before und
 
 Schedule policy: fcfs, SGLang's default (`server_args.py:737-751` @ 8905cbd4), arrival
 order. max_running_requests defaults to what KV memory allows, here unbounded unless given
-(`--max-num-seqs`), and to 48 with speculative decoding (`arg_groups/speculative_hook.py`,
-e.g. 254-258: "Max running requests is reset to 48 for speculative decoding"). Not modelled:
+(`--max-num-seqs`), and to 48 with speculative decoding (`arg_groups/speculative_hook.py`
+507-511 `_handle_eagle_family`, 659-663 `_handle_ngram`: "Max running requests is reset to
+48 for speculative decoding"). Not modelled:
 retraction when the KV pool is full, max_prefill_tokens (16384 by default, above the chunk
 size), page-size alignment of a chunk (page size 1 by default),
 SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP (off by default).

@@ -8,7 +8,6 @@ from dataclasses import replace
 from patterns.engines.sglang import profile as sglang_profile
 from patterns.engines.sglang.scheduler import schedule_sglang
 from patterns.engines.sglang.speculative import decode_step_ops, extend_drafter_ops
-from patterns.errors import ConfigError
 from patterns.layout import Layout
 from patterns.models import ModelConfig
 from patterns.ops import Op
@@ -25,12 +24,12 @@ SGLANG_SPEC_MAX_RUNNING = 48
 def sglang_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request],
                     dtype: str | None, options: EngineOptions, step_time_s: float | None,
                     spec: SpecConfig | None, source: str, mixed: bool) -> WorkloadPattern:
-    if spec is not None and mixed:
-        raise ConfigError("--mixed-chunk with --speculative-config: SGLang runs them apart "
-                          "(speculative decoding turns mixed chunks off); drop --mixed-chunk")
+    # Speculative decoding turns mixed chunks off, with a warning, not an error
+    # (arg_groups/speculative_hook.py:521-526 EAGLE family, 665 ngram @ 8905cbd4).
+    mixed = mixed and spec is None
     budget = options.max_batched_tokens or sglang_profile.chunked_prefill_size(options.gpu)
     # --max-running-requests: SGLang sets 48 under speculative decoding when none is given
-    # (arg_groups/speculative_hook.py:254-258 @ 8905cbd4).
+    # (arg_groups/speculative_hook.py:507-511 EAGLE family, 659-663 ngram @ 8905cbd4).
     max_running = options.max_num_seqs or (SGLANG_SPEC_MAX_RUNNING if spec else None)
     schedule = schedule_sglang(requests, step_time_s, budget, mixed, max_running,
                                spec.k if spec else 0, spec.acceptance_length if spec else 1.0,
