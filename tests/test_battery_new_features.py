@@ -225,3 +225,13 @@ def test_a_kv_transfer_runs_counts_are_checked(cli, tmp_path, value):
     assert status == 2 and out == "", err
     assert "meta.json: kv_transfer_bytes is " in err and "not a count" in err, err
     assert not (tmp_path / "r.html").exists()
+
+
+def test_mpi_without_mpi4py_is_one_line_before_any_rank(cli, tmp_path, monkeypatch):
+    # mpiexec started the ranks, each failed importing mpi4py: three lines, exit 1
+    import sys
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # `import mpi4py` raises ImportError
+    status, out, err = cli(*REPLAY, "--backend", "mpi", "--out", str(tmp_path / "runs"))
+    assert status == 2 and out == "", err
+    assert err.strip() == ("infercomm replay: error: --backend mpi needs mpi4py in this "
+                           "Python: pip install 'infercomm[mpi]', or use --backend torch")

@@ -33,7 +33,13 @@ def free_port() -> int:
 
 
 def find_mpiexec() -> str:
-    """The mpiexec of the MPI that mpi4py was built against: the wheel puts it beside python."""
+    """The mpiexec of the MPI that mpi4py was built against: the wheel puts it beside python.
+    Without mpi4py every rank would fail at import after mpiexec started them: said here."""
+    try:
+        import mpi4py  # noqa: F401  (the package only: MPI itself starts in the ranks)
+    except ImportError:
+        raise UsageError("--backend mpi needs mpi4py in this Python: pip install "
+                         "'infercomm[mpi]', or use --backend torch") from None
     beside = Path(sys.executable).parent / "mpiexec"
     if beside.exists():
         return str(beside)
@@ -100,6 +106,8 @@ def spawn_local(nproc: int, backend: str, argv: list[str]) -> int:
     rank is ended (exit 128+signal, one line); SIGKILL cannot be caught, so each rank's
     sentinel polls the launcher and ends its rank, and direct children get PDEATHSIG."""
     if os.environ.get(CHECK_ONLY_VAR):  # a grid checking its input (ranks/children.py)
+        if backend == "mpi":
+            find_mpiexec()  # mpi4py and mpiexec are input too
         return 0
     folder = notes.new_launch_dir()
     _start_reaper(folder)
