@@ -96,6 +96,38 @@ CASES: dict[str, Case] = {
 }
 
 
+# Disaggregated prefill and decode through vLLM's NixlConnector on host memory
+# (scripts/vllm_cpu_nixl.py): prefill TP, decode TP, prompt and output tokens. 200 tokens are
+# 2 blocks of 128; decode TP2 reads half the KV heads from the one prefill rank.
+NIXL_CASES: dict[str, tuple[int, int, int, int]] = {"nixl-tp1-tp2": (1, 2, 200, 3)}
+
+
+def serve_nixl(name: str, out: Path, check: bool) -> int:
+    """One request served disaggregated; NIXL's READs held against `infercomm pattern`."""
+    import vllm_cpu_nixl as nixl
+    prefill_tp, decode_tp, prompt, decode = NIXL_CASES[name]
+    start = time.monotonic()
+    write_model("dense", out / "model")
+    records = nixl.run_pair(out / "model", out, prefill_tp, decode_tp, prompt, decode)
+    argv = nixl.pattern_args(out / "model" / "config.json", prefill_tp, decode_tp, prompt, decode)
+    doc: dict = {"case": name, "serve_s": round(time.monotonic() - start, 1),
+                 "nixl_reads": nixl.reads(records), "pattern": argv}
+    status = 0
+    if check:
+        proc = subprocess.run([sys.executable, "-m", "microbench", *argv], cwd=REPO,
+                              env={**os.environ, "PYTHONPATH": str(REPO)},
+                              capture_output=True, text=True, check=False)
+        expected = nixl.pattern_reads(json.loads(proc.stdout)) if proc.returncode == 0 else None
+        status = 0 if expected == doc["nixl_reads"] else 1
+        print(f"NIXL READs (a decode rank each): {doc['nixl_reads']}")
+        print(f"infercomm {' '.join(argv[:1] + argv[3:])}: {expected or proc.stderr.strip()}")
+        doc["exit"] = status
+    (out / "oracle.json").write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps({"case": name, "out": str(out), "serve_s": doc["serve_s"],
+                      **({"match": status == 0} if check else {})}, separators=(",", ":")))
+    return status
+
+
 def write_model(kind: str, path: Path) -> None:
     """A random-weight checkpoint of the kind, from its config (transformers in this venv)."""
     import torch
@@ -171,16 +203,18 @@ def validate_args(case: Case, workload: Workload, out: Path, traces: list[str]) 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("case", choices=sorted(CASES))
+    parser.add_argument("case", choices=sorted([*CASES, *NIXL_CASES]))
     parser.add_argument("--out", type=Path, required=True,
                         help="a folder that does not exist yet")
     parser.add_argument("--no-validate", action="store_true",
                         help="only serve and profile; print validate's arguments")
     args = parser.parse_args()
-    case = CASES[args.case]
     if args.out.exists():
         print(f"--out {args.out} exists; name a new folder", file=sys.stderr)
         return 2
+    if args.case in NIXL_CASES:
+        return serve_nixl(args.case, args.out, not args.no_validate)
+    case = CASES[args.case]
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", case.bind)
     start = time.monotonic()
     write_model(case.model, args.out / "model")

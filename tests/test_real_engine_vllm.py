@@ -41,6 +41,18 @@ def _why_not() -> str | None:
 
 
 WHY_NOT = _why_not()
+
+
+def _why_no_nixl() -> str | None:
+    """Why the NixlConnector case cannot run here, or None: it needs the nixl_cu12 wheel
+    (infercomm's `.[nixl]` extra, in .venv) for vLLM's processes."""
+    if WHY_NOT is not None:
+        return WHY_NOT
+    proc = subprocess.run([str(VLLM_PY), "-c", "import sys; sys.path.insert(0, 'scripts'); "
+                           "import vllm_cpu_nixl as n; sys.exit(n.nixl_package() is None)"],
+                          cwd=REPO, capture_output=True, env={**os.environ, "PYTHONPATH": ""})
+    return "nixl_cu12 is not installed (make setup installs the .[nixl] extra)" \
+        if proc.returncode else None
 # the first test of a case starts its engine: up to 2.5 min for TP4 on a loaded 2-core VM
 pytestmark = [pytest.mark.skipif(WHY_NOT is not None, reason=f"vLLM CPU: {WHY_NOT}"),
               pytest.mark.timeout(600)]
@@ -206,3 +218,29 @@ def test_dp_with_expert_parallelism_is_no_case_the_cpu_build_runs() -> None:
     # the dispatch the MoE layer runs under DP is that all_gatherv
     assert "dist_group.all_gatherv(" in ast.unparse(_methods(
         comm / "all2all.py", "AgRsAll2AllManager")["dispatch"])
+
+
+@pytest.mark.skipif(_why_no_nixl() is not None, reason=f"vLLM CPU NIXL: {_why_no_nixl()}")
+def test_nixl_disaggregated_prefill_tp1_decode_tp2(served) -> None:
+    # a prefill engine (TP1) and a decode engine (TP2), one request of 200 prompt tokens;
+    # the decode ranks READ through vLLM's NixlConnector on host memory (UCX), as recorded
+    # from nixl_agent's make_prepped_xfer (scripts/vllm_cpu_nixl.py). By hand: the CPU
+    # build keeps blocks of 128 tokens (vllm/platforms/cpu.py:293), so 200 tokens are 2
+    # blocks; one region a layer with K and V packed, [blocks, 4 heads, 128, 2 x 32] fp32;
+    # a decode rank of TP2 reads its 2 of the 4 heads of a block: 2 x 128 x 64 x 4 B =
+    # 65,536 B a descriptor, 2 layers x 2 blocks = 4 descriptors, 262,144 B a rank
+    doc = served("nixl-tp1-tp2")
+    per_rank = {"descriptors": 4, "bytes": 262144, "sizes": [65536]}
+    assert doc["nixl_reads"] == [per_rank, per_rank]
+    proc = _validate(doc["pattern"])
+    assert proc.returncode == 0, proc.stderr
+    pattern = json.loads(proc.stdout)
+    assert pattern["connector"]["version"] == "c8109375"  # the packed geometry, vLLM #44455
+    assert [(p["decode_rank"], p["descriptors"], p["bytes"], p["descriptor_bytes"])
+            for p in pattern["kv_transfer"]["pairs"]] == [(1, 4, 262144, 65536),
+                                                          (2, 4, 262144, 65536)]
+    # the geometry before #44455 (K and V regions apart) is not what vLLM 0.32.0 did:
+    # twice the descriptors, each of half the size
+    proc = _validate([*doc["pattern"], "--connector-version", "cda19ecf"])
+    pairs = json.loads(proc.stdout)["kv_transfer"]["pairs"]
+    assert [(p["descriptors"], p["descriptor_bytes"]) for p in pairs] == [(8, 32768)] * 2
