@@ -99,7 +99,8 @@ CASES: dict[str, Case] = {
 # Disaggregated prefill and decode through vLLM's NixlConnector on host memory
 # (scripts/vllm_cpu_nixl.py): prefill TP, decode TP, prompt and output tokens. 200 tokens are
 # 2 blocks of 128; decode TP2 reads half the KV heads from the one prefill rank.
-NIXL_CASES: dict[str, tuple[int, int, int, int]] = {"nixl-tp1-tp2": (1, 2, 200, 3)}
+NIXL_CASES: dict[str, tuple[int, int, int, int]] = {"nixl-tp1-tp2": (1, 2, 200, 3),
+                                                    "nixl-tp2-tp1": (2, 1, 200, 3)}
 
 
 def serve_nixl(name: str, out: Path, check: bool) -> int:

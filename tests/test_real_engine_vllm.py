@@ -220,7 +220,10 @@ def test_dp_with_expert_parallelism_is_no_case_the_cpu_build_runs() -> None:
         comm / "all2all.py", "AgRsAll2AllManager")["dispatch"])
 
 
-@pytest.mark.skipif(_why_no_nixl() is not None, reason=f"vLLM CPU NIXL: {_why_no_nixl()}")
+NIXL_WHY_NOT = _why_no_nixl()
+
+
+@pytest.mark.skipif(NIXL_WHY_NOT is not None, reason=f"vLLM CPU NIXL: {NIXL_WHY_NOT}")
 def test_nixl_disaggregated_prefill_tp1_decode_tp2(served) -> None:
     # a prefill engine (TP1) and a decode engine (TP2), one request of 200 prompt tokens;
     # the decode ranks READ through vLLM's NixlConnector on host memory (UCX), as recorded
