@@ -23,6 +23,7 @@ engine is slower than this; what the floor shows is what no kernel can go below.
   a full read. An fp8 checkpoint runs at the fp8 peak, any other at bf16's.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
@@ -100,21 +101,37 @@ def step_floor_us(model: ModelConfig, layout: Layout, dtype: str, gpu: str,
     """One step's floor through every stage (module doc): `prefill_tokens` prompt tokens
     whose causal attention covers `prefill_pairs` (query, key) pairs, and `decode_seqs`
     sequences decoding one token each at a mean context of `context` tokens."""
+    return step_floor(model, layout, dtype, gpu)(prefill_tokens, prefill_pairs, decode_seqs,
+                                                 context)
+
+
+@cache
+def step_floor(model: ModelConfig, layout: Layout, dtype: str,
+               gpu: str) -> Callable[[int, float, int, float], float]:
+    """`step_floor_us` of one layout, what does not vary step to step looked up once (plan
+    prices thousands of steps a layout under --requests)."""
     peak, bandwidth = _peak(model, gpu), GPU_SPECS[gpu].hbm_bytes_per_s
     d = _head_dim(model)
     kv_token = kv_bytes_per_token_layer(model, layout.tp, dtype)
-    tokens = prefill_tokens + decode_seqs
-    routing = tokens * (layout.dp if layout.ep else 1)
-    total = 0.0
-    for s in _work(model, layout, dtype):
-        reached = min(1.0, routing * model.num_experts_per_tok / s.routed_experts
-                      ) if s.routed_experts else 0.0
-        flops = (2 * (s.dense_params + s.routed_active) * tokens
-                 + (4 * prefill_pairs + 4 * decode_seqs * context) * s.heads * d * s.layers)
-        read = (s.dense_bytes + reached * s.routed_bytes
-                + decode_seqs * context * kv_token * s.layers)
-        total += max(flops / peak, read / bandwidth)
-    return total * 1e6
+    spread = layout.dp if layout.ep else 1
+    top_k = model.num_experts_per_tok
+    work = [(2 * (s.dense_params + s.routed_active), s.heads, s.layers, s.dense_bytes,
+             s.routed_bytes, s.routed_experts) for s in _work(model, layout, dtype)]
+
+    def floor(prefill_tokens: int, prefill_pairs: float, decode_seqs: int,
+              context: float) -> float:
+        tokens = prefill_tokens + decode_seqs
+        routing = tokens * spread
+        total = 0.0
+        for params2, heads, layers, dense_bytes, routed_bytes, experts in work:
+            reached = min(1.0, routing * top_k / experts) if experts else 0.0
+            flops = (params2 * tokens
+                     + (4 * prefill_pairs + 4 * decode_seqs * context) * heads * d * layers)
+            read = (dense_bytes + reached * routed_bytes
+                    + decode_seqs * context * kv_token * layers)
+            total += max(flops / peak, read / bandwidth)
+        return total * 1e6
+    return floor
 
 
 def compute_floor(model: ModelConfig, layout: Layout, dtype: str, gpu: str, batch: int,

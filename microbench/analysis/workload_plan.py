@@ -25,6 +25,7 @@ stages add to every step.
 
 import heapq
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +35,7 @@ from microbench.sweep.busbw import SweepOp
 from patterns import ConfigError, Layout, ModelConfig, Pattern
 from patterns.dtypes import DTYPE_BYTES
 from patterns.groups import rank_of
-from patterns.workload.metrics import request_figures, summary
+from patterns.workload.metrics import SpanIndex, summary
 from patterns.workload.requests import Request
 
 ROUTINGS = ("round-robin", "least-loaded")
@@ -180,17 +181,51 @@ class _Stages:
         return total
 
 
+@dataclass(frozen=True)
+class _Lane:
+    """What every layout of a lane's tp reads of it, found once (`lanes.shared`)."""
+
+    lane: Any  # the pattern, kept so that no id keyed on it is reused
+    index: SpanIndex
+    repeats: list[int]
+    tokens: list[int]  # per segment: the step's T
+    samples: list[int]
+    shapes: list[int]  # per segment: its shape's number among the plan's shapes
+    context: float  # the mean context of the lane's requests
+    comm: list[float]  # per segment: its TP calls' time
+    kv_tokens: int
+
+
+def _lane(lane: Any, shared: dict[Any, Any], price: Any) -> _Lane:
+    key = ("lane", id(lane))
+    hit = shared.get(key)
+    if hit is None:
+        from microbench.analysis.workload import kv_tokens
+        segments = lane.schedule.segments
+        numbers = shared.setdefault("shapes", {})
+        requests = lane.requests
+        hit = shared[key] = _Lane(
+            lane, SpanIndex(lane.schedule), [s.repeat for s in segments],
+            [step.tokens for step in lane.segment_steps], [s.shape.samples for s in segments],
+            [numbers.setdefault(s.shape, len(numbers)) for s in segments],
+            sum(r.prompt + r.output / 2 for r in requests) / len(requests),
+            [price(step.ops) for step in lane.segment_steps], kv_tokens(lane))
+    return hit
+
+
 def price_lanes(lanes: Lanes, topology: Topology, gpu: str,
                 ) -> tuple[tuple[float, float, float], tuple[float, float, float], int]:
     """((TTFT p90, TPOT p90, end to end) of communication, the same of the compute floors,
-    KV tokens of the fullest replica)."""
-    from microbench.analysis.compute import step_floor_us
-    from microbench.analysis.workload import kv_tokens
+    KV tokens of the fullest replica). A lane's TP calls are priced once for every layout
+    of its tp; what a layout adds (its stages) and its floors are priced once per distinct
+    step."""
+    from microbench.analysis.compute import step_floor
     model, layout = lanes.model, lanes.layout
     dtype = lanes.workload.dtype or model.default_dtype
     comm_figs, floor_figs, comm_ends, floor_ends = [], [], [0.0], [0.0]
     stages = _Stages(lanes, topology)
     floors: dict[Any, float] = {}
+    floor_of = step_floor(model, layout, dtype, gpu)
     costs = Costs(lanes.lanes[0], topology)  # every lane has the layout tp, pp 1, dp 1
     tp = layout.tp
     # The TP group of every lane is ranks 0 .. tp - 1: across nodes only if wider than one.
@@ -199,34 +234,42 @@ def price_lanes(lanes: Lanes, topology: Topology, gpu: str,
     topology.notes |= said
     by_call = lanes.shared.setdefault(("call", tp), {})  # a call's time by _op_key
     steps = lanes.shared.setdefault(("comm", tp), {})  # _step_sum's memo
+
+    def price(ops: tuple[Any, ...]) -> float:
+        return _step_sum(ops, steps, by_call, lambda op: costs.of(0, 0, op).busy_us)
+
     before = set(topology.notes)
+    flat = not stages.hops and stages.broadcast is None  # extra_us is 0.0 at every step
+    kv = []
     for lane in lanes.lanes:
-        schedule = lane.schedule
-        requests = lane.requests
-        context = sum(r.prompt + r.output / 2 for r in requests) / len(requests)
-        comm, floor = [], []
-        for seg, step in zip(schedule.segments, lane.segment_steps, strict=True):
-            shape = seg.shape
-            own = _step_sum(step.ops, steps, by_call, lambda op: costs.of(0, 0, op).busy_us)
-            comm.append(own + stages.extra_us(step.tokens, shape.samples))
-            fkey = (shape, round(context))
-            if fkey not in floors:
+        info = _lane(lane, lanes.shared, price)
+        kv.append(info.kv_tokens)
+        segments = lane.schedule.segments
+        comm = info.comm if flat else [
+            own + stages.extra_us(t, s)
+            for own, t, s in zip(info.comm, info.tokens, info.samples, strict=True)]
+        floor = []
+        context = info.context
+        rounded = round(context)
+        for number, seg in zip(info.shapes, segments, strict=True):
+            fkey = (number, rounded)
+            value = floors.get(fkey)
+            if value is None:
+                shape = seg.shape
                 chunk = shape.prefill_tokens / shape.prefill_seqs if shape.prefill_seqs else 0
-                floors[fkey] = step_floor_us(model, layout, dtype, gpu, shape.prefill_tokens,
-                                             shape.prefill_tokens * chunk / 2,
-                                             shape.decode_seqs * shape.decode_tokens, context)
-            floor.append(floors[fkey])
-        comm_figs += request_figures(schedule, lambda i, c=comm: c[i])
-        floor_figs += request_figures(schedule, lambda i, f=floor: f[i])
-        comm_ends.append(sum(t * s.repeat for t, s in zip(comm, schedule.segments,
-                                                          strict=True)))
-        floor_ends.append(sum(t * s.repeat for t, s in zip(floor, schedule.segments,
-                                                           strict=True)))
+                value = floors[fkey] = floor_of(shape.prefill_tokens,
+                                                shape.prefill_tokens * chunk / 2,
+                                                shape.decode_seqs * shape.decode_tokens,
+                                                context)
+            floor.append(value)
+        comm_figs += info.index.figures(segments, comm)
+        floor_figs += info.index.figures(segments, floor)
+        comm_ends.append(sum(map(operator.mul, comm, info.repeats)))
+        floor_ends.append(sum(map(operator.mul, floor, info.repeats)))
     said |= topology.notes - before  # what pricing new calls noted
     c, f = summary(comm_figs), summary(floor_figs)
     pp = layout.pp
-    peak = max(sum(kv_tokens(lane) for lane in lanes.lanes[r * pp:(r + 1) * pp])
-               for r in range(-(-len(lanes.lanes) // pp)))
+    peak = max(sum(kv[r * pp:(r + 1) * pp]) for r in range(-(-len(kv) // pp)))
     return ((c["ttft"]["p90"] or 0.0, c["tpot"]["p90"] or 0.0, max(comm_ends)),
             (f["ttft"]["p90"] or 0.0, f["tpot"]["p90"] or 0.0, max(floor_ends)), peak)
 
@@ -243,8 +286,14 @@ def lanes_volume(lanes: Lanes) -> int:
     total = 0.0
     broadcasts = layout.pp > 1 and lanes.lanes[0].engine == "vllm"
     for lane in lanes.lanes:
-        for step, seg in zip(lane.segment_steps, lane.schedule.segments, strict=True):
-            own = _step_sum(step.ops, per_step, by_call, lambda op: float(op_volume(op)))
+        key = ("lane volume", id(lane))
+        own_steps = lanes.shared.get(key)
+        if own_steps is None:  # a lane's calls' volume per step, for every layout of its tp
+            own_steps = lanes.shared[key] = (lane, [
+                _step_sum(step.ops, per_step, by_call, lambda op: float(op_volume(op)))
+                for step in lane.segment_steps])
+        for own, step, seg in zip(own_steps[1], lane.segment_steps, lane.schedule.segments,
+                                  strict=True):
             sampled = (8 * seg.shape.samples + 4 * (seg.shape.samples + 1)
                        if broadcasts and seg.shape.samples else 0)
             total += (own + hop * step.tokens + sampled) * seg.repeat

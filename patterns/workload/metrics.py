@@ -30,46 +30,90 @@ def percentile(values: Sequence[float], p: float) -> float | None:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
+At = tuple[int, int] | None  # (segment, its steps counted before the step); None: none
+
+
 class StepSums:
     """Sums of a per-segment value over ranges of issued steps: all steps, and decode-only."""
 
-    def __init__(self, segments: Sequence[Segment], value: Callable[[int], float]) -> None:
-        self.starts = [s.start for s in segments]
-        self.per_step = [value(i) for i in range(len(segments))]
-        self.decode = [s.shape.phase == Phase.DECODE for s in segments]
+    def __init__(self, segments: Sequence[Segment], decode: Sequence[bool],
+                 per_step: Sequence[float]) -> None:
+        self.per_step = per_step
         self.before: list[float] = []
         self.before_decode: list[float] = []
-        self.decode_steps_before: list[int] = []
         total = total_d = 0.0
-        count_d = 0
-        for seg, v, d in zip(segments, self.per_step, self.decode, strict=True):
+        for seg, v, d in zip(segments, per_step, decode, strict=True):
             self.before.append(total)
             self.before_decode.append(total_d)
-            self.decode_steps_before.append(count_d)
             total += v * seg.repeat
             if d:
                 total_d += v * seg.repeat
-                count_d += seg.repeat
 
-    def _at(self, step: int, decode_only: bool) -> tuple[float, int]:
-        """(sum, decode steps) over issued steps [0, step)."""
-        if step <= 0 or not self.starts:
-            return 0.0, 0
-        j = bisect_right(self.starts, step - 1) - 1
-        inside = step - self.starts[j]
-        if decode_only:
-            own = inside if self.decode[j] else 0
-            return (self.before_decode[j] + self.per_step[j] * own,
-                    self.decode_steps_before[j] + own)
-        return self.before[j] + self.per_step[j] * inside, 0
+    def over(self, start: At, end: At, decode_only: bool) -> float:
+        """The sum over issued steps [start, end), as `SpanIndex` placed them."""
+        before = self.before_decode if decode_only else self.before
+        s1 = 0.0 if end is None else before[end[0]] + self.per_step[end[0]] * end[1]
+        s0 = 0.0 if start is None else before[start[0]] + self.per_step[start[0]] * start[1]
+        return s1 - s0
 
-    def over(self, start: int, end: int, decode_only: bool = False) -> tuple[float, int]:
-        """(sum, steps) over issued steps [start, end), decode-only ones if asked."""
-        if end <= start:
-            return 0.0, 0
-        s1, d1 = self._at(end, decode_only)
-        s0, d0 = self._at(start, decode_only)
-        return s1 - s0, (d1 - d0 if decode_only else end - start)
+
+class SpanIndex:
+    """Where each request's prefill and decode steps lie among a schedule's segments, and
+    how many steps each range counts, found once: summing a per-segment value over them
+    then searches nothing (plan sums one schedule's values under many layouts)."""
+
+    def __init__(self, schedule: Schedule) -> None:
+        segments = schedule.segments
+        starts = [s.start for s in segments]
+        self.decode = [s.shape.phase == Phase.DECODE for s in segments]
+        counts, seen = [], 0  # decode steps before each segment
+        for seg, d in zip(segments, self.decode, strict=True):
+            counts.append(seen)
+            seen += seg.repeat if d else 0
+        self.decode_only = decode_only = not schedule.decode_in_mixed
+
+        def where(step: int) -> At:
+            """Where issued steps [0, step) end."""
+            if step <= 0 or not starts:
+                return None
+            j = bisect_right(starts, step - 1) - 1
+            return j, step - starts[j]
+
+        def where_decode(step: int) -> tuple[At, int]:
+            """The same over decode steps alone, and how many they are."""
+            at = where(step)
+            if at is None:
+                return None, 0
+            own = at[1] if self.decode[at[0]] else 0
+            return (at[0], own), counts[at[0]] + own
+
+        Range = tuple[At, At, int] | None  # (start, end, steps); None: no step
+        self.spans: list[tuple[Range, Range, int]] = []
+        for span in schedule.spans:
+            (p0, p1), (d0, d1) = span.prefill, span.decode
+            prefill: Range = (where(p0), where(p1), p1 - p0) if p1 > p0 else None
+            dec: Range = None
+            if d1 > d0 and decode_only:
+                (e0, c0), (e1, c1) = where_decode(d0), where_decode(d1)
+                dec = (e0, e1, c1 - c0)
+            elif d1 > d0:
+                dec = (where(d0), where(d1), d1 - d0)
+            self.spans.append((prefill, dec, span.waited_steps))
+
+    def figures(self, segments: Sequence[Segment],
+                per_step: Sequence[float]) -> list["RequestFigures"]:
+        """Per request, `per_step` (a value per segment) summed under its TTFT and averaged
+        under its TPOT."""
+        sums = StepSums(segments, self.decode, per_step)
+        out = []
+        for prefill, dec, waited in self.spans:
+            ttft, n_pre = (0.0, 0) if prefill is None else (
+                sums.over(prefill[0], prefill[1], False), prefill[2])
+            total, n_dec = (0.0, 0) if dec is None else (
+                sums.over(dec[0], dec[1], self.decode_only), dec[2])
+            out.append(RequestFigures(ttft, n_pre, total / n_dec if n_dec else None, n_dec,
+                                      waited))
+        return out
 
 
 @dataclass(frozen=True)
@@ -84,15 +128,8 @@ class RequestFigures:
 def request_figures(schedule: Schedule, value: Callable[[int], float]) -> list[RequestFigures]:
     """Per request, `value(segment index)` summed under its TTFT and averaged under its
     TPOT."""
-    sums = StepSums(schedule.segments, value)
-    out = []
-    for span in schedule.spans:
-        ttft, n_pre = sums.over(*span.prefill)
-        total, n_dec = sums.over(span.decode[0], span.decode[1],
-                                 decode_only=not schedule.decode_in_mixed)
-        out.append(RequestFigures(ttft, n_pre, total / n_dec if n_dec else None, n_dec,
-                                  span.waited_steps))
-    return out
+    return SpanIndex(schedule).figures(schedule.segments,
+                                       [value(i) for i in range(len(schedule.segments))])
 
 
 def summary(figures: Sequence[RequestFigures]) -> dict[str, dict[str, float | None]]:
