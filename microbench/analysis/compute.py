@@ -26,6 +26,7 @@ engine is slower than this; what the floor shows is what no kernel can go below.
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 from microbench.analysis.hardware import GPU_SPECS
 from patterns.dtypes import DTYPE_BYTES
@@ -115,21 +116,29 @@ def step_floor(model: ModelConfig, layout: Layout, dtype: str,
     kv_token = kv_bytes_per_token_layer(model, layout.tp, dtype)
     spread = layout.dp if layout.ep else 1
     top_k = model.num_experts_per_tok
-    work = [(2 * (s.dense_params + s.routed_active), s.heads, s.layers, s.dense_bytes,
-             s.routed_bytes, s.routed_experts) for s in _work(model, layout, dtype)]
+    work: list[tuple[Any, ...]] = []  # stages alike in a row: one term added `count` times
+    for s in _work(model, layout, dtype):
+        term = (2 * (s.dense_params + s.routed_active), s.heads, s.layers, s.dense_bytes,
+                s.routed_bytes, s.routed_experts)
+        if work and work[-1][:-1] == term:
+            work[-1] = (*term, work[-1][-1] + 1)
+        else:
+            work.append((*term, 1))
 
     def floor(prefill_tokens: int, prefill_pairs: float, decode_seqs: int,
               context: float) -> float:
         tokens = prefill_tokens + decode_seqs
         routing = tokens * spread
         total = 0.0
-        for params2, heads, layers, dense_bytes, routed_bytes, experts in work:
+        for params2, heads, layers, dense_bytes, routed_bytes, experts, count in work:
             reached = min(1.0, routing * top_k / experts) if experts else 0.0
             flops = (params2 * tokens
                      + (4 * prefill_pairs + 4 * decode_seqs * context) * heads * d * layers)
             read = (dense_bytes + reached * routed_bytes
                     + decode_seqs * context * kv_token * layers)
-            total += max(flops / peak, read / bandwidth)
+            stage = max(flops / peak, read / bandwidth)
+            for _ in range(count):
+                total += stage
         return total * 1e6
     return floor
 

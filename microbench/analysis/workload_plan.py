@@ -118,11 +118,13 @@ def _step_sum(ops: tuple[Any, ...], memo: dict[Any, Any], by_key: dict[Any, floa
     ids = tuple(map(id, ops[:-1]))
     prefix = memo.get(ids)
     if prefix is None:
-        total, last, v = 0.0, None, 0.0
-        for op in ops[:-1]:
-            if op is not last:  # a layer's calls repeat as one object (profile.forward)
-                v, last = _call_value(op, memo, by_key, value), op
-            total += v
+        # A layer's calls repeat as a few objects (profile.forward's untagged): each valued
+        # once.
+        unique = dict(zip(ids, ops[:-1], strict=True))
+        values = {i: _call_value(op, memo, by_key, value) for i, op in unique.items()}
+        total = 0.0
+        for i in ids:
+            total += values[i]
         prefix = memo[ids] = (total, ops)
     total = prefix[0]
     if ops:
@@ -170,10 +172,14 @@ class _Stages:
         if key in self.memo:
             return self.memo[key]
         size, total = tokens * self.row, 0.0
-        for sendrecv, stream in self.hops:
-            latency = sendrecv.time_us(size) / 2
-            gap = stream.time_us(size) if stream is not None else latency
-            total += gap + max(gap, latency)  # as costs.py: arrival no sooner than either
+        last, hop = None, 0.0
+        for fits in self.hops:
+            if fits != last:  # stages of one node, or hops across nodes, share their fits
+                sendrecv, stream = last = fits
+                latency = sendrecv.time_us(size) / 2
+                gap = stream.time_us(size) if stream is not None else latency
+                hop = gap + max(gap, latency)  # as costs.py: arrival no sooner than either
+            total += hop
         if self.broadcast is not None and samples:
             total += (self.broadcast.time_us(8 * samples)
                       + self.broadcast.time_us(4 * (samples + 1)))

@@ -71,6 +71,8 @@ def vllm_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request
         # workload of this stage (plan prices thousands of them, analysis/workload_plan.py)
         return _forward_ops(replace(st, workload=Workload(1, 1, dtype=st.dtype)), tokens)
 
+    keyed: dict[int, tuple[Stage, Stage]] = {}  # a stage and its key for _untagged_step
+
     def step_ops(st: Stage, shape: StepShape) -> tuple[StepGraph, Sequence[Op]]:
         # Uniform: every request 1 (+ k) tokens; a padded 1-token prompt counts as a decode.
         uniform = shape.prefill_seqs == shape.padded_prompts
@@ -80,8 +82,9 @@ def vllm_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request
         else:
             graph = padded(sizes, shape.tokens, uniform_decode=uniform)
         if untagged and spec is None:
-            key = replace(st, workload=Workload(1, 1, dtype=st.dtype))
-            return graph, _untagged_step(key, graph.tokens, logit_rows(shape))
+            if keyed.get(id(st), (None,))[0] is not st:  # one stage a pattern: keyed once
+                keyed[id(st)] = (st, replace(st, workload=Workload(1, 1, dtype=st.dtype)))
+            return graph, _untagged_step(keyed[id(st)][1], graph.tokens, logit_rows(shape))
         ops = list(model_ops(st, graph.tokens))
         if ops and ops[-1].tag == "logits":  # R rows: every scheduled request's (verify) rows
             rows, shard = logit_rows(shape), ops[-1].shape[1]
