@@ -35,7 +35,7 @@ from microbench.sweep.busbw import SweepOp
 from patterns import ConfigError, Layout, ModelConfig, Pattern
 from patterns.dtypes import DTYPE_BYTES
 from patterns.groups import rank_of
-from patterns.workload.metrics import SpanIndex, summary
+from patterns.workload.metrics import SpanIndex, percentile
 from patterns.workload.requests import Request
 
 ROUTINGS = ("round-robin", "least-loaded")
@@ -194,8 +194,8 @@ class _Lane:
     lane: Any  # the pattern, kept so that no id keyed on it is reused
     index: SpanIndex
     repeats: list[int]
-    tokens: list[int]  # per segment: the step's T
-    samples: list[int]
+    steps: list[tuple[int, int]]  # per segment: the step's T and samples
+    distinct_steps: set[tuple[int, int]]
     shapes: list[int]  # per segment: its shape's number among the plan's shapes
     context: float  # the mean context of the lane's requests
     comm: list[float]  # per segment: its TP calls' time
@@ -210,9 +210,10 @@ def _lane(lane: Any, shared: dict[Any, Any], price: Any) -> _Lane:
         segments = lane.schedule.segments
         numbers = shared.setdefault("shapes", {})
         requests = lane.requests
+        steps = [(step.tokens, s.shape.samples)
+                 for step, s in zip(lane.segment_steps, segments, strict=True)]
         hit = shared[key] = _Lane(
-            lane, SpanIndex(lane.schedule), [s.repeat for s in segments],
-            [step.tokens for step in lane.segment_steps], [s.shape.samples for s in segments],
+            lane, SpanIndex(lane.schedule), [s.repeat for s in segments], steps, set(steps),
             [numbers.setdefault(s.shape, len(numbers)) for s in segments],
             sum(r.prompt + r.output / 2 for r in requests) / len(requests),
             [price(step.ops) for step in lane.segment_steps], kv_tokens(lane))
@@ -228,7 +229,10 @@ def price_lanes(lanes: Lanes, topology: Topology, gpu: str,
     from microbench.analysis.compute import step_floor
     model, layout = lanes.model, lanes.layout
     dtype = lanes.workload.dtype or model.default_dtype
-    comm_figs, floor_figs, comm_ends, floor_ends = [], [], [0.0], [0.0]
+    # Per request, (TTFTs, TPOTs) of communication and of the floors.
+    comm_figs: tuple[list[float], list[float]] = ([], [])
+    floor_figs: tuple[list[float], list[float]] = ([], [])
+    comm_ends, floor_ends = [0.0], [0.0]
     stages = _Stages(lanes, topology)
     floors: dict[Any, float] = {}
     floor_of = step_floor(model, layout, dtype, gpu)
@@ -246,14 +250,19 @@ def price_lanes(lanes: Lanes, topology: Topology, gpu: str,
 
     before = set(topology.notes)
     flat = not stages.hops and stages.broadcast is None  # extra_us is 0.0 at every step
+    extra = stages.memo
     kv = []
     for lane in lanes.lanes:
         info = _lane(lane, lanes.shared, price)
         kv.append(info.kv_tokens)
         segments = lane.schedule.segments
-        comm = info.comm if flat else [
-            own + stages.extra_us(t, s)
-            for own, t, s in zip(info.comm, info.tokens, info.samples, strict=True)]
+        if flat:
+            comm = info.comm
+        else:
+            for pair in info.distinct_steps:
+                if pair not in extra:
+                    stages.extra_us(*pair)
+            comm = [own + extra[pair] for own, pair in zip(info.comm, info.steps, strict=True)]
         floor = []
         context = info.context
         rounded = round(context)
@@ -268,16 +277,22 @@ def price_lanes(lanes: Lanes, topology: Topology, gpu: str,
                                                 shape.decode_seqs * shape.decode_tokens,
                                                 context)
             floor.append(value)
-        comm_figs += info.index.figures(segments, comm)
-        floor_figs += info.index.figures(segments, floor)
+        for figs, values in ((comm_figs, comm), (floor_figs, floor)):
+            ttfts, tpots = info.index.sums(values)
+            figs[0].extend(ttfts)
+            figs[1].extend(t for t in tpots if t is not None)
         comm_ends.append(sum(map(operator.mul, comm, info.repeats)))
         floor_ends.append(sum(map(operator.mul, floor, info.repeats)))
     said |= topology.notes - before  # what pricing new calls noted
-    c, f = summary(comm_figs), summary(floor_figs)
     pp = layout.pp
     peak = max(sum(kv[r * pp:(r + 1) * pp]) for r in range(-(-len(kv) // pp)))
-    return ((c["ttft"]["p90"] or 0.0, c["tpot"]["p90"] or 0.0, max(comm_ends)),
-            (f["ttft"]["p90"] or 0.0, f["tpot"]["p90"] or 0.0, max(floor_ends)), peak)
+    return ((_p90(comm_figs[0]), _p90(comm_figs[1]), max(comm_ends)),
+            (_p90(floor_figs[0]), _p90(floor_figs[1]), max(floor_ends)), peak)
+
+
+def _p90(values: list[float]) -> float:
+    """The p90 `summary` gives (metrics.percentile), 0 where there is none."""
+    return percentile(values, 90) or 0.0
 
 
 def lanes_volume(lanes: Lanes) -> int:

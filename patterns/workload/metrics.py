@@ -8,12 +8,14 @@ and predict hand in their own per-step values); per-request sums use prefix sums
 folded steps, so the cost is O(segments + requests log segments), not O(steps).
 """
 
+import operator
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 from patterns.ops import Phase
-from patterns.workload.schedule import Schedule, Segment
+from patterns.workload.schedule import Schedule
 
 PERCENTILES = (50, 90, 99)
 
@@ -36,18 +38,15 @@ At = tuple[int, int] | None  # (segment, its steps counted before the step); Non
 class StepSums:
     """Sums of a per-segment value over ranges of issued steps: all steps, and decode-only."""
 
-    def __init__(self, segments: Sequence[Segment], decode: Sequence[bool],
+    def __init__(self, repeats: Sequence[int], decode: Sequence[bool],
                  per_step: Sequence[float]) -> None:
         self.per_step = per_step
-        self.before: list[float] = []
-        self.before_decode: list[float] = []
-        total = total_d = 0.0
-        for seg, v, d in zip(segments, per_step, decode, strict=True):
-            self.before.append(total)
-            self.before_decode.append(total_d)
-            total += v * seg.repeat
-            if d:
-                total_d += v * seg.repeat
+        # Running sums before each segment, added in segment order (a decode-only one adds
+        # 0.0 for the other segments, which changes no sum).
+        steps = list(map(operator.mul, per_step, repeats))
+        self.before = list(accumulate(steps, initial=0.0))
+        self.before_decode = list(accumulate(
+            [v if d else 0.0 for v, d in zip(steps, decode, strict=True)], initial=0.0))
 
     def over(self, start: At, end: At, decode_only: bool) -> float:
         """The sum over issued steps [start, end), as `SpanIndex` placed them."""
@@ -65,6 +64,7 @@ class SpanIndex:
     def __init__(self, schedule: Schedule) -> None:
         segments = schedule.segments
         starts = [s.start for s in segments]
+        self.repeats = [s.repeat for s in segments]
         self.decode = [s.shape.phase == Phase.DECODE for s in segments]
         counts, seen = [], 0  # decode steps before each segment
         for seg, d in zip(segments, self.decode, strict=True):
@@ -100,20 +100,26 @@ class SpanIndex:
                 dec = (where(d0), where(d1), d1 - d0)
             self.spans.append((prefill, dec, span.waited_steps))
 
-    def figures(self, segments: Sequence[Segment],
-                per_step: Sequence[float]) -> list["RequestFigures"]:
+    def figures(self, per_step: Sequence[float]) -> list["RequestFigures"]:
         """Per request, `per_step` (a value per segment) summed under its TTFT and averaged
         under its TPOT."""
-        sums = StepSums(segments, self.decode, per_step)
-        out = []
-        for prefill, dec, waited in self.spans:
-            ttft, n_pre = (0.0, 0) if prefill is None else (
-                sums.over(prefill[0], prefill[1], False), prefill[2])
-            total, n_dec = (0.0, 0) if dec is None else (
-                sums.over(dec[0], dec[1], self.decode_only), dec[2])
-            out.append(RequestFigures(ttft, n_pre, total / n_dec if n_dec else None, n_dec,
-                                      waited))
-        return out
+        ttfts, tpots = self.sums(per_step)
+        return [RequestFigures(ttft, 0 if prefill is None else prefill[2], tpot,
+                               0 if dec is None else dec[2], waited)
+                for ttft, tpot, (prefill, dec, waited) in zip(ttfts, tpots, self.spans,
+                                                              strict=True)]
+
+    def sums(self, per_step: Sequence[float]) -> tuple[list[float], list[float | None]]:
+        """Per request, its TTFT's figure and its TPOT's (None: no decode step)."""
+        sums = StepSums(self.repeats, self.decode, per_step)
+        over, decode_only = sums.over, self.decode_only
+        ttfts: list[float] = []
+        tpots: list[float | None] = []
+        for prefill, dec, _ in self.spans:
+            ttfts.append(0.0 if prefill is None else over(prefill[0], prefill[1], False))
+            tpots.append(None if dec is None or not dec[2] else
+                         over(dec[0], dec[1], decode_only) / dec[2])
+        return ttfts, tpots
 
 
 @dataclass(frozen=True)
@@ -128,8 +134,7 @@ class RequestFigures:
 def request_figures(schedule: Schedule, value: Callable[[int], float]) -> list[RequestFigures]:
     """Per request, `value(segment index)` summed under its TTFT and averaged under its
     TPOT."""
-    return SpanIndex(schedule).figures(schedule.segments,
-                                       [value(i) for i in range(len(schedule.segments))])
+    return SpanIndex(schedule).figures([value(i) for i in range(len(schedule.segments))])
 
 
 def summary(figures: Sequence[RequestFigures]) -> dict[str, dict[str, float | None]]:
