@@ -41,8 +41,8 @@ $(VLLM_STAMP):
 	       $(TORCH_PIN) $(VLLM_PIN) \
 	  && $(VLLM_VENV)/bin/pip uninstall --quiet --disable-pip-version-check -y torchvision \
 	       torchaudio torchcodec \
+	  && touch $(VLLM_STAMP) \
 	  || echo "$(VLLM_PIN) could not be installed here: tests/test_real_engine_vllm.py is skipped"
-	@mkdir -p $(VLLM_VENV) && touch $(VLLM_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
