@@ -165,6 +165,12 @@ class _Stages:
                                      for t in range(layout.tp)])
             stand_in_note(fits, SweepOp.BROADCAST, layout.pp, topology.notes)
             self.broadcast = fit_for(fits, SweepOp.BROADCAST, layout.pp)
+        self.hop_kinds: list[Any] = []  # the distinct (sendrecv, stream) fits
+        self.hop_kind = []  # per hop, its kind's index
+        for fits in self.hops:
+            if fits not in self.hop_kinds:
+                self.hop_kinds.append(fits)
+            self.hop_kind.append(self.hop_kinds.index(fits))
         self.memo: dict[tuple[int, int], float] = {}
 
     def extra_us(self, tokens: int, samples: int) -> float:
@@ -172,14 +178,13 @@ class _Stages:
         if key in self.memo:
             return self.memo[key]
         size, total = tokens * self.row, 0.0
-        last, hop = None, 0.0
-        for fits in self.hops:
-            if fits != last:  # stages of one node, or hops across nodes, share their fits
-                sendrecv, stream = last = fits
-                latency = sendrecv.time_us(size) / 2
-                gap = stream.time_us(size) if stream is not None else latency
-                hop = gap + max(gap, latency)  # as costs.py: arrival no sooner than either
-            total += hop
+        hops = []  # each kind of hop priced once (hops within a node, hops across nodes)
+        for sendrecv, stream in self.hop_kinds:
+            latency = sendrecv.time_us(size) / 2
+            gap = stream.time_us(size) if stream is not None else latency
+            hops.append(gap + max(gap, latency))  # as costs.py: no sooner than either
+        for kind in self.hop_kind:
+            total += hops[kind]
         if self.broadcast is not None and samples:
             total += (self.broadcast.time_us(8 * samples)
                       + self.broadcast.time_us(4 * (samples + 1)))

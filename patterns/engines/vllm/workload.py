@@ -34,11 +34,11 @@ def _forward_ops(st: Stage, tokens: int, untagged: bool = False) -> tuple[Op, ..
 def _untagged_step(st: Stage, tokens: int, rows: int) -> tuple[Op, ...]:
     """One step's calls for pricing (`forward`'s `untagged`), its logits `rows` rows: one
     tuple for every lane and layout of this stage, so plan prices it once."""
-    ops = list(_forward_ops(st, tokens, True))
+    ops = _forward_ops(st, tokens, True)
     if ops and ops[-1].tag == "logits":
         shard = ops[-1].shape[1]
-        ops[-1] = replace(ops[-1], shape=(rows, shard), out_shape=(rows, shard * st.tp))
-    return tuple(ops)
+        return (*ops[:-1], replace(ops[-1], shape=(rows, shard), out_shape=(rows, shard * st.tp)))
+    return ops
 
 
 def vllm_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request],
