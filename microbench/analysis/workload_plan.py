@@ -202,6 +202,7 @@ class _Lane:
     steps: list[tuple[int, int]]  # per segment: the step's T and samples
     distinct_steps: set[tuple[int, int]]
     shapes: list[int]  # per segment: its shape's number among the plan's shapes
+    distinct_shapes: dict[int, Any]  # the lane's shapes by number, in order of first step
     context: float  # the mean context of the lane's requests
     comm: list[float]  # per segment: its TP calls' time
     kv_tokens: int
@@ -219,7 +220,8 @@ def _lane(lane: Any, shared: dict[Any, Any], price: Any) -> _Lane:
                  for step, s in zip(lane.segment_steps, segments, strict=True)]
         hit = shared[key] = _Lane(
             lane, SpanIndex(lane.schedule), [s.repeat for s in segments], steps, set(steps),
-            [numbers.setdefault(s.shape, len(numbers)) for s in segments],
+            shapes := [numbers.setdefault(s.shape, len(numbers)) for s in segments],
+            {n: s.shape for n, s in zip(shapes, segments, strict=True)},
             sum(r.prompt + r.output / 2 for r in requests) / len(requests),
             [price(step.ops) for step in lane.segment_steps], kv_tokens(lane))
     return hit
@@ -260,7 +262,6 @@ def price_lanes(lanes: Lanes, topology: Topology, gpu: str,
     for lane in lanes.lanes:
         info = _lane(lane, lanes.shared, price)
         kv.append(info.kv_tokens)
-        segments = lane.schedule.segments
         if flat:
             comm = info.comm
         else:
@@ -268,20 +269,14 @@ def price_lanes(lanes: Lanes, topology: Topology, gpu: str,
                 if pair not in extra:
                     stages.extra_us(*pair)
             comm = [own + extra[pair] for own, pair in zip(info.comm, info.steps, strict=True)]
-        floor = []
-        context = info.context
-        rounded = round(context)
-        for number, seg in zip(info.shapes, segments, strict=True):
-            fkey = (number, rounded)
-            value = floors.get(fkey)
-            if value is None:
-                shape = seg.shape
+        # A floor by (shape, rounded context), at the context of the first lane to ask.
+        known = floors.setdefault(round(info.context), {})
+        for number, shape in info.distinct_shapes.items():
+            if number not in known:
                 chunk = shape.prefill_tokens / shape.prefill_seqs if shape.prefill_seqs else 0
-                value = floors[fkey] = floor_of(shape.prefill_tokens,
-                                                shape.prefill_tokens * chunk / 2,
-                                                shape.decode_seqs * shape.decode_tokens,
-                                                context)
-            floor.append(value)
+                known[number] = floor_of(shape.prefill_tokens, shape.prefill_tokens * chunk / 2,
+                                         shape.decode_seqs * shape.decode_tokens, info.context)
+        floor = [known[number] for number in info.shapes]
         for figs, values in ((comm_figs, comm), (floor_figs, floor)):
             ttfts, tpots = info.index.sums(values)
             figs[0].extend(ttfts)
@@ -313,16 +308,16 @@ def lanes_volume(lanes: Lanes) -> int:
     broadcasts = layout.pp > 1 and lanes.lanes[0].engine == "vllm"
     for lane in lanes.lanes:
         key = ("lane volume", id(lane))
-        own_steps = lanes.shared.get(key)
-        if own_steps is None:  # a lane's calls' volume per step, for every layout of its tp
-            own_steps = lanes.shared[key] = (lane, [
-                _step_sum(step.ops, per_step, by_call, lambda op: float(op_volume(op)))
-                for step in lane.segment_steps])
-        for own, step, seg in zip(own_steps[1], lane.segment_steps, lane.schedule.segments,
-                                  strict=True):
-            sampled = (8 * seg.shape.samples + 4 * (seg.shape.samples + 1)
-                       if broadcasts and seg.shape.samples else 0)
-            total += (own + hop * step.tokens + sampled) * seg.repeat
+        steps = lanes.shared.get(key)
+        if steps is None:  # per step: its calls' volume, T, broadcast bytes, repeat
+            segments = lane.schedule.segments
+            steps = lanes.shared[key] = (lane, [
+                (_step_sum(step.ops, per_step, by_call, lambda op: float(op_volume(op))),
+                 step.tokens, 8 * s.shape.samples + 4 * (s.shape.samples + 1)
+                 if s.shape.samples else 0, s.repeat)
+                for step, s in zip(lane.segment_steps, segments, strict=True)])
+        for own, tokens, sampled, repeat in steps[1]:
+            total += (own + hop * tokens + (sampled if broadcasts else 0)) * repeat
     return math.ceil(total)
 
 

@@ -8,6 +8,7 @@ verify rows)."""
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import lru_cache
+from typing import Any
 
 from patterns.engines.vllm import profile as vllm_profile
 from patterns.engines.vllm.rules import v1_capture_sizes, v1_defaults
@@ -30,7 +31,12 @@ def _forward_ops(st: Stage, tokens: int, untagged: bool = False) -> tuple[Op, ..
     return tuple(vllm_profile.forward(st, tokens, 1, untagged=untagged))
 
 
-@lru_cache(maxsize=1 << 16)
+@lru_cache(maxsize=64)
+def _untagged_steps(st: Stage) -> dict[tuple[int, int], tuple[Op, ...]]:
+    """A stage's `_untagged_step`s by (T, logits rows), kept for every pattern of it."""
+    return {}
+
+
 def _untagged_step(st: Stage, tokens: int, rows: int) -> tuple[Op, ...]:
     """One step's calls for pricing (`forward`'s `untagged`), its logits `rows` rows: one
     tuple for every lane and layout of this stage, so plan prices it once."""
@@ -71,7 +77,7 @@ def vllm_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request
         # workload of this stage (plan prices thousands of them, analysis/workload_plan.py)
         return _forward_ops(replace(st, workload=Workload(1, 1, dtype=st.dtype)), tokens)
 
-    keyed: dict[int, tuple[Stage, Stage]] = {}  # a stage and its key for _untagged_step
+    keyed: dict[int, Any] = {}  # a stage, its key and its _untagged_steps
 
     def step_ops(st: Stage, shape: StepShape) -> tuple[StepGraph, Sequence[Op]]:
         # Uniform: every request 1 (+ k) tokens; a padded 1-token prompt counts as a decode.
@@ -83,8 +89,14 @@ def vllm_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request
             graph = padded(sizes, shape.tokens, uniform_decode=uniform)
         if untagged and spec is None:
             if keyed.get(id(st), (None,))[0] is not st:  # one stage a pattern: keyed once
-                keyed[id(st)] = (st, replace(st, workload=Workload(1, 1, dtype=st.dtype)))
-            return graph, _untagged_step(keyed[id(st)][1], graph.tokens, logit_rows(shape))
+                key = replace(st, workload=Workload(1, 1, dtype=st.dtype))
+                keyed[id(st)] = (st, key, _untagged_steps(key))
+            _, key, built = keyed[id(st)]
+            at = (graph.tokens, logit_rows(shape))
+            ops = built.get(at)
+            if ops is None:
+                ops = built[at] = _untagged_step(key, *at)
+            return graph, ops
         ops = list(model_ops(st, graph.tokens))
         if ops and ops[-1].tag == "logits":  # R rows: every scheduled request's (verify) rows
             rows, shard = logit_rows(shape), ops[-1].shape[1]
