@@ -234,6 +234,19 @@ def test_kv_block_size_only_what_a_backend_takes():
         transfer(DSV3, "prefill=tp8,decode=tp8", gpu="a100", kv="fp8")
 
 
+def test_vllm_dense_block_size_a_multiple_of_16():
+    # Every dense CUDA backend of c8109375 takes only multiples of 16 (FLASH_ATTN,
+    # TRITON_ATTN, FLEX_ATTENTION MultipleOf(16); FLASHINFER 16, 32, 64: flash_attn.py:83-84,
+    # triton_attn.py:290-291, flex_attention.py:162-163, flashinfer.py:356-375), and none
+    # left raises "No valid attention backend found" (platforms/cuda.py:446-449): 17 refused.
+    with pytest.raises(ConfigError, match=r"--kv-block-size 17: .*use a multiple of 16"):
+        transfer(LLAMA70, "prefill=tp4,decode=tp8", block=17)
+    # 48 = 3 x 16 runs: ceil(1000 / 48) = 21 blocks, 80 layers x 21 = 1,680 descriptors a
+    # pair of one head's 48 tokens x K and V x 128 x 2 bytes = 24,576 bytes.
+    t = transfer(LLAMA70, "prefill=tp4,decode=tp8", block=48)
+    assert pairs(t) == [(d // 2, d, d % 2, 0, 1, 1_680, 24_576) for d in range(8)]
+
+
 def test_llama70b_sglang_mooncake_slices_by_hand():
     t = transfer(LLAMA70, "prefill=tp4,decode=tp8", "sglang", "mooncake")
     # Pages of 1 token; tp differs, so send_kvcache_slice: per layer, K/V and token one
@@ -461,6 +474,8 @@ def test_pattern_json_and_bad_input_lines(cli):
              "decode(500)"),
             (["--model", "deepseek-v3", "--disagg", "prefill=tp8,decode=tp8",
               "--kv-block-size", "24"], "multiple of 16 or 64"),
+            (["--disagg", "prefill=tp4,decode=tp8", "--kv-block-size", "17"],
+             "use a multiple of 16"),
             (["--disagg", "prefill=tp4,decode=tp1"], "does not hold the batch"),
             (["--connector", "nixl"], "add --disagg")):
         status, out, err = cli("pattern", "--model", "llama-3.1-70b", "--prompt", "64",

@@ -38,6 +38,7 @@ from patterns.engines.sglang.disagg_connectors import (
 )
 from patterns.engines.vllm.nixl_connector import (
     cache_groups,
+    dense_block_size,
     mla_block_size,
     vllm_push_writes,
     vllm_reads,
@@ -168,14 +169,6 @@ def tp_ratio(prefill_tp: int, decode_tp: int) -> int:
                       "use tp sizes where one divides the other")
 
 
-def block_size_of(model: ModelConfig, engine: str, gpu: str = "h100",
-                  kv_cache_dtype: str = "auto") -> int:
-    """The engine's default tokens a block (vLLM) or page (SGLang)."""
-    if engine == "vllm":
-        return mla_block_size(gpu, kv_cache_dtype, None)[0] if is_mla(model) else 16
-    return page_size(gpu, is_mla(model), model.model_type, None)[0]
-
-
 WHEN = {
     "vllm": "after the prefill step: the decode ranks READ every block at the start of their "
             "next step; the request's first decode-side step (which recomputes the last "
@@ -205,10 +198,10 @@ def plan_transfer(model: ModelConfig, disagg: DisaggLayout, connector: Connector
     backend = ""
     if engine == "vllm" and mla:
         block, backend = mla_block_size(gpu, kv_cache_dtype, block_tokens)
-    elif engine == "sglang":
+    elif engine == "vllm":
+        block = dense_block_size(block_tokens)
+    else:  # sglang
         block, backend = page_size(gpu, mla, model.model_type, block_tokens)
-    else:
-        block = block_tokens if block_tokens is not None else block_size_of(model, engine)
     ratio = tp_ratio(disagg.prefill.tp, disagg.decode.tp)
     kv = model.num_key_value_heads
     if engine == "vllm":

@@ -121,6 +121,29 @@ def mla_block_size(gpu: str, kv_cache_dtype: str, requested: int | None) -> tupl
                       f"({', '.join(b.name for b in usable)}); use a multiple of {either}")
 
 
+def dense_block_size(requested: int | None) -> int:
+    """Tokens a block vLLM runs a dense (non-MLA) model with; refuses a --kv-block-size no
+    dense backend takes.
+
+    CacheConfig takes any block_size > 0 (`Field(default=None, gt=0)`, config/cache.py:49 @
+    c8109375); a given one goes to backend selection (selector.py:129-130), which drops each
+    backend whose kernel sizes it is no multiple of ("block_size not supported",
+    v1/attention/backend.py:176-193, 347) and raises "No valid attention backend found"
+    when none is left (platforms/cuda.py:446-449). The dense CUDA backends (cuda.py:148-162)
+    all start at 16: FLASH_ATTN, TRITON_ATTN and FLEX_ATTENTION multiples of 16
+    (flash_attn.py:83-84, triton_attn.py:290-291, flex_attention.py:162-163), FLASHINFER
+    16, 32, 64 (and larger on SM100, flashinfer.py:356-375), TURBOQUANT 16-128 (and only
+    its own cache dtypes, turboquant_attn.py:102-116). So a multiple of 16 runs, 17 does not.
+    """
+    if requested is None:
+        return 16  # CacheConfig.DEFAULT_BLOCK_SIZE, config/cache.py:47 @ c8109375
+    if requested % 16:
+        raise ConfigError(f"--kv-block-size {requested}: no attention backend vLLM runs a "
+                          f"dense model with takes it (FLASH_ATTN, FLASHINFER, TRITON_ATTN, "
+                          f"FLEX_ATTENTION); use a multiple of 16")
+    return requested
+
+
 @dataclass(frozen=True)
 class CacheGroups:
     """The hybrid KV cache manager's groups of one model: `regions` tensors a rank (the
