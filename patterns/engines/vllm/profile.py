@@ -208,35 +208,35 @@ def pp_receive(st: Stage, tokens: int,
 
 
 @lru_cache(maxsize=64)
-def _layer_classes(st: Stage) -> tuple[tuple[object, ...], ...]:
-    """Per layer of the stage, what `_layer_ops` reads of it besides its number in the tags:
-    two layers of one class issue the same calls but for their tags."""
-    moe = st.model.is_moe_layer
-    return tuple((moe(layer), mlp_module(st.model, layer), layer == st.layers[-1], layer == 0,
-                  layer > 0 and moe(layer - 1)) for layer in st.layers)
+def _layer_runs(st: Stage) -> list[tuple[int, tuple[object, ...], int]]:
+    """Runs of layers of one class (first layer, class, layers): what `_layer_ops` reads of
+    a layer but its number (one class, the same calls but for their tags)."""
+    moe, runs = st.model.is_moe_layer, []
+    for layer in st.layers:
+        kind = (moe(layer), mlp_module(st.model, layer), layer == st.layers[-1], layer == 0,
+                layer > 0 and moe(layer - 1))
+        first, _, count = runs.pop() if runs and runs[-1][1] == kind else (layer, kind, 0)
+        runs.append((first, kind, count + 1))
+    return runs
 
 
 def forward(st: Stage, tokens: int, rows: int, vocab_multiple: int = 64,
             untagged: bool = False) -> list[Op]:
     """Model calls of one forward pass of T = `tokens` over R = `rows` requests.
 
-    `untagged`: for pricing alone (plan, whose sums read no tag), the calls of a layer are
-    built once per `_layer_class` and the same objects stand for every layer of that class,
-    with the first one's tags; every other field equals what each layer issues."""
+    `untagged`, for pricing alone (plan reads no tag): one layer's calls stand for every
+    layer of its class (`_layer_runs`), the same objects, the first one's tags."""
     ops, shape = pp_receive(st, tokens)
     if st.tp > 1 and st.is_first:
         ops.append(_allreduce(st, tokens, "embed_tokens"))
     if st.tp > 1 or exchanges_tokens(st.layout):  # MoE layers exchange tokens at dp > 1
         built: dict[tuple[object, ...], list[Op]] = {}
-        classes = _layer_classes(st) if untagged else ()
-        for layer in st.layers:
-            if not untagged:
-                ops += _layer_ops(st, layer, tokens)
-                continue
-            kind = classes[layer - st.first_layer]
+        for layer, kind, count in (_layer_runs(st) if untagged else ()):
             if kind not in built:
                 built[kind] = _layer_ops(st, layer, tokens)
-            ops += built[kind]
+            ops += built[kind] * count
+        for layer in (() if untagged else st.layers):
+            ops += _layer_ops(st, layer, tokens)
         if deepseek_sp(st):
             ops += sp_final(st, tokens)
     if not st.is_last:
