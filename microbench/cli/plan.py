@@ -1,6 +1,7 @@
 """`infercomm plan`: every layout of N GPUs for a model, priced by its communication alone."""
 
 import argparse
+import gc
 import json
 import math
 import sys
@@ -234,7 +235,14 @@ def run(args: argparse.Namespace) -> int:
     limit = memory_limit(args.gpu, memory, share)
     hardware = Hardware(args.gpu, limit,
                         step_token_budget(args.gpu, args.max_batched_tokens), args.objective)
-    priced, refused = plan(model, args.gpus, make_pattern, topology, budget, hardware)
+    # Pricing builds hundreds of thousands of long-lived objects (a workload's steps and
+    # calls, shared between layouts) and no cycles worth collecting: the cyclic collector's
+    # passes over them were a quarter of a 10,000-request plan (benchmarks/plan_workload.py).
+    gc.disable()
+    try:
+        priced, refused = plan(model, args.gpus, make_pattern, topology, budget, hardware)
+    finally:
+        gc.enable()
     notes = sorted({n for p in priced for n in p.notes})
     notes += unstable_sizes(sweep_table(sweep))  # analysis/fits.py: UNSTABLE_FACTOR
     doc = document(args, priced, refused, notes)
