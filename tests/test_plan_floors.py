@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from microbench.analysis.compute import compute_floor
+from microbench.analysis.compute import compute_floor, prefill_chunk_work
 from patterns import Layout, resolve_model
 from tests.replay_helpers import tiny_model
 from tests.test_plan import FLAT, PLAN
@@ -116,6 +116,41 @@ def test_compute_floor_of_one_layout(tmp_path):
     assert pp2.decode_step_us == pytest.approx(floor.decode_step_us)
     tp2 = compute_floor(model, Layout(tp=2), "bf16", "h100", 1, 4096, 4)
     assert tp2.decode_step_us == pytest.approx(2_426_880 / h100[1] * 1e6)
+
+
+def test_chunked_prefill_floor_sums_its_chunks(cli, tmp_path):
+    model = resolve_model(tiny_model(tmp_path))
+    h100 = (989e12, 3.35e12)
+    # Prompt 128 in one pass: 2 x 328192 x 128 = 84,017,152 FLOPs + attention 128^2 / 2 =
+    # 8192 pairs x 4 x 4 heads x 16 x 4 layers (1024 a pair) = 8,388,608: 92,405,760 /
+    # 989e12 = 0.093 us, under the 656384 B / 3.35e12 = 0.196 us weight read.
+    one = compute_floor(model, Layout(), "bf16", "h100", 1, 128, 4)
+    assert one.prefill_us == pytest.approx(656_384 / h100[1] * 1e6)
+    # 16 tokens a step: 8 chunks, each reading every weight again; the largest chunk's
+    # FLOPs, the last (queries 112..127: (128^2 - 112^2) / 2 = 1920 pairs), are 2 x 328192
+    # x 16 + 1920 x 1024 = 12,468,224 (0.013 us): each chunk memory-bound, 8 x 0.196 us.
+    chunked = compute_floor(model, Layout(), "bf16", "h100", 1, 128, 4, budget=16)
+    assert chunked.prefill_us == pytest.approx(8 * 656_384 / h100[1] * 1e6)
+    assert chunked.decode_step_us == one.decode_step_us
+    # The chunks' pairs add up to one pass's: (b^2 - a^2) / 2 telescopes to 128^2 / 2 =
+    # 8192. Two prompts of 12 in steps of 16: tokens 0-15 hold prompt 0 (12^2 / 2 = 72
+    # pairs) and 4 of prompt 1 (4^2 / 2 = 8), then its other 8 ((12^2 - 4^2) / 2 = 64).
+    assert [w for w, _ in prefill_chunk_work(1, 128, 16)] == [16] * 8
+    assert sum(p for _, p in prefill_chunk_work(1, 128, 16)) == 8192
+    assert prefill_chunk_work(2, 12, 16) == [(16, 80.0), (8, 64.0)]
+    # Compute-bound chunks keep one pass's floor: 4096 in steps of 2048, pairs 2048^2 / 2 =
+    # 2,097,152 and (4096^2 - 2048^2) / 2 = 6,291,456: 2 x 1,344,274,432 + 8,388,608 x 1024
+    # = 11,278,483,456 FLOPs, as in test_compute_floor_of_one_layout.
+    two = compute_floor(model, Layout(), "bf16", "h100", 1, 4096, 4, budget=2048)
+    assert two.prefill_us == pytest.approx(11_278_483_456 / h100[0] * 1e6)
+    # plan takes the budget from the engine's steps (--max-batched-tokens 16: 8 prefill
+    # steps of 16 tokens): 8 x 0.196 = 1.567 us, one pass's 0.196 without it.
+    argv = ["--engine", "vllm", "--gpus", "1", "--gpus-per-node", "1", "--prompt", "128",
+            "--format", "json"]
+    for extra, prefill in (([], 0.196), (["--max-batched-tokens", "16"], 1.567)):
+        status, out, err = _plan(cli, tmp_path / str(prefill), *argv, *extra)
+        assert status == 0, err
+        assert json.loads(out)["layouts"][0]["compute_prefill_us"] == prefill
 
 
 def test_gpus_not_whole_nodes_are_refused(cli, tmp_path):

@@ -11,6 +11,8 @@ engine is slower than this; what the floor shows is what no kernel can go below.
 - Prefill of B prompts of Sp tokens: 2 x (the rank's active parameters) x B x Sp FLOPs, plus
   causal attention, 4 FLOPs per (query, key) pair, head and head_dim (QK^T and PV, 2 each)
   over the Sp^2 / 2 pairs the causal mask keeps, per layer; the rank's weights read once.
+  Chunked prefill (the engine's token budget a step) sums its chunks' floors: the weights
+  read once a chunk, the FLOPs those of one pass split among them.
 - A decode step of B sequences at the mean context L = Sp + Sd / 2 (the average over the
   decode, so that Sd - 1 steps at it make the decode's floor): 2 x active parameters x B
   plus 4 x B x L x heads x head_dim per layer; it reads the rank's weights and the KV cache
@@ -144,14 +146,34 @@ def step_floor(model: ModelConfig, layout: Layout, dtype: str,
 
 
 def compute_floor(model: ModelConfig, layout: Layout, dtype: str, gpu: str, batch: int,
-                  prompt: int, decode: int) -> ComputeFloor:
+                  prompt: int, decode: int, budget: int | None = None) -> ComputeFloor:
     """The prefill's and the mean decode step's floor (module doc), in microseconds, for a
     DP replica of `batch` requests: the prefill's causal attention covers Sp^2 / 2 pairs a
-    prompt; a decode step's context is Sp + Sd / 2."""
-    prefill = step_floor_us(model, layout, dtype, gpu, batch * prompt,
-                            batch * prompt ** 2 / 2, 0, 0.0)
-    step = step_floor_us(model, layout, dtype, gpu, 0, 0.0, batch, prompt + decode / 2)
+    prompt; a decode step's context is Sp + Sd / 2. Under chunked prefill (`budget` tokens a
+    step, the B x Sp prompt tokens taken in order) the prefill is the sum of its chunks'
+    floors: every chunk reads the weights again, while the FLOPs add up to one pass's (a
+    chunk's queries at positions a..b of their prompt cover (b^2 - a^2) / 2 pairs)."""
+    floor = step_floor(model, layout, dtype, gpu)
+    prefill = sum(floor(tokens, pairs, 0, 0.0)
+                  for tokens, pairs in prefill_chunk_work(batch, prompt, budget))
+    step = floor(0, 0.0, batch, prompt + decode / 2)
     return ComputeFloor(prefill, step)
+
+
+def prefill_chunk_work(batch: int, prompt: int,
+                       budget: int | None) -> list[tuple[int, float]]:
+    """(tokens, causal pairs) of each prefill step when B x Sp tokens go `budget` a step."""
+    total = batch * prompt
+    step = total if budget is None else min(budget, total)
+    out = []
+    for start in range(0, total, step):
+        end = min(start + step, total)
+        pairs = 0.0
+        for i in range(start // prompt, (end - 1) // prompt + 1):
+            a, b = max(start - i * prompt, 0), min(end - i * prompt, prompt)
+            pairs += (b * b - a * a) / 2
+        out.append((end - start, pairs))
+    return out
 
 
 @cache

@@ -14,6 +14,7 @@ from typing import Any
 from microbench.analysis.costs import Costs
 from microbench.analysis.fits import Topology
 from microbench.views.textfmt import format_us, plural
+from patterns.ops import Phase
 from patterns.pattern import Pattern
 from patterns.workload.metrics import PERCENTILES, request_figures, summary
 
@@ -91,6 +92,18 @@ def kv_tokens(pattern: Pattern) -> int:
     return peak
 
 
+def prefill_budget(pattern: Pattern) -> int | None:
+    """The tokens a prefill step takes under chunked prefill, read off the engine's steps:
+    the first prefill step's T of a replica that prefills in several steps (its first chunk
+    is a whole budget: vLLM captures the budget itself as a graph size, so T is not padded);
+    None where every replica prefills in one step."""
+    for stages in pattern.replicas():
+        prefill = [run for run in stages[0] if run.phase == Phase.PREFILL]
+        if sum(run.repeat for run in prefill) > 1:
+            return prefill[0].step.tokens
+    return None
+
+
 def plan_figures(pattern: Pattern, topology: Topology, prefill: float, step: float,
                  predicted: dict[str, float], gpu: str,
                  ) -> tuple[float, float, dict[str, float], tuple[float, float, float]]:
@@ -106,7 +119,8 @@ def plan_figures(pattern: Pattern, topology: Topology, prefill: float, step: flo
     if w is None:
         work = pattern.workload
         batch = max(work.dp_batches or (work.batch,))
-        floor = compute_floor(model, layout, dtype, gpu, batch, work.prompt, work.decode)
+        floor = compute_floor(model, layout, dtype, gpu, batch, work.prompt, work.decode,
+                              prefill_budget(pattern))
         return prefill, step, predicted, (
             floor.prefill_us, floor.decode_step_us,
             floor.prefill_us + work.decode_steps * floor.decode_step_us)
