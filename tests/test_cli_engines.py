@@ -36,7 +36,8 @@ def test_pattern_defaults_to_vllm_and_shows_transports(cli):
     assert status == 0
     summary = last_json(out)
     assert summary["engine"] == "vllm"
-    assert "fused-allreduce-rmsnorm" in out and "transport" in out.splitlines()[3]
+    header = next(line for line in out.splitlines() if line.startswith("phase "))
+    assert "fused-allreduce-rmsnorm" in out and "transport" in header.split()
     # The split: prefill 65 fused all-reduces + 1 NCCL all-gather; decode 127 times that.
     split = [line.split() for line in out.splitlines()
              if line.startswith(("prefill ", "decode ")) and "%" in line]
