@@ -6,14 +6,7 @@ the uneven gathers both engines' MoE layers are built from. Each engine's own ca
 
 Engine spec sections 10.3, 10.4 and 6; the engine files read are cited in each engine's module.
 
-fp8 dispatch: vLLM quantises the dispatched hidden states of block-fp8 checkpoints and
-gathers their scales (`naive_dp_ep.py`) unless the experts' kernel quantises them itself
-(FlashInfer CUTLASS, vLLM's choice on SM90 with EP: `patterns/engines/vllm/fp8_moe.py`,
-then bf16 without scales); DeepEP's own messages: `patterns/deepep.py`
-(`--a2a deepep_ll` / `deepep_ht`). Every other call (all-reduces, combine, PP, logits)
-carries bf16 activations whatever the weights. Not modelled: the engine core's gloo
-all-reduce of the unfinished state every 32 steps, micro-batching (DBO), SGLang's
-`SGLANG_DP_USE_GATHERV` path and two-batch overlap.
+fp8 dispatch, and what is not modelled: `patterns/engines/vllm/moe.py`'s docstring.
 """
 
 from collections.abc import Sequence

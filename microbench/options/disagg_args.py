@@ -108,3 +108,16 @@ def refuse_layout_options(args: argparse.Namespace) -> None:
     if given:
         raise UsageError(f"--disagg gives each side's layout (prefill=tp4,decode=tp8); drop "
                          f"{', '.join(given)}")
+
+
+def choose_kv_transport(args: argparse.Namespace) -> None:
+    """--kv-transport, defaulted from --backend and checked against it: the one rule that the
+    KV transfer's replay and sweep share."""
+    if args.kv_transport is None:
+        args.kv_transport = "rma" if args.backend == "mpi" else "nixl"
+    if args.kv_transport in ("rma", "p2p") and args.backend != "mpi":
+        raise UsageError(f"--kv-transport {args.kv_transport} issues MPI calls; add --backend "
+                         "mpi (or use --kv-transport nixl)")
+    if args.kv_transport == "torch" and args.backend != "torch":
+        raise UsageError("--kv-transport torch issues torch.distributed calls; use --backend "
+                         "torch")

@@ -18,6 +18,7 @@ import numpy as np
 
 from microbench.argtypes import UsageError
 from microbench.backends.kv_transports import PairDescs, Role, open_transport
+from microbench.options.disagg_args import choose_kv_transport
 from patterns.disagg import DisaggPattern
 
 # A descriptor list beyond this is no request of a real prompt (Llama-3.1-70B's 128K tokens
@@ -187,14 +188,7 @@ def run_disagg(args: argparse.Namespace) -> int:
     if args.device == "cuda" or args.graph is not None or args.mpi_staging:
         raise UsageError("the KV transfer replay moves host memory (NIXL DRAM, MPI host "
                          "buffers); drop --device cuda, --graph and --mpi-staging")
-    if args.kv_transport is None:
-        args.kv_transport = "rma" if args.backend == "mpi" else "nixl"
-    if args.kv_transport in ("rma", "p2p") and args.backend != "mpi":
-        raise UsageError(f"--kv-transport {args.kv_transport} issues MPI calls; add "
-                         "--backend mpi (or use --kv-transport nixl)")
-    if args.kv_transport == "torch" and args.backend != "torch":
-        raise UsageError("--kv-transport torch issues torch.distributed calls; use --backend "
-                         "torch")
+    choose_kv_transport(args)
     if args.backend == "nccl":
         raise UsageError("the KV transfer replay runs its control calls over --backend mpi "
                          "or torch (gloo)")

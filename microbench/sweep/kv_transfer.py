@@ -22,7 +22,7 @@ import numpy as np
 
 from microbench.argtypes import UsageError
 from microbench.backends.kv_transports import PairDescs, Role, open_transport
-from microbench.options.disagg_args import DEFAULT_DESCRIPTORS
+from microbench.options.disagg_args import DEFAULT_DESCRIPTORS, choose_kv_transport
 from patterns.disagg import Pair
 
 OP = "kvtransfer"
@@ -58,14 +58,7 @@ def check_args(args: argparse.Namespace) -> tuple[list[int], int]:
         raise UsageError(f"{count} descriptors of {max(sizes):,} bytes, one every two, need "
                          f"{2 * count * max(sizes):,} bytes a rank; keep it within "
                          f"{MAX_BUFFER:,} (lower -e or --kv-descriptors)")
-    if args.kv_transport is None:
-        args.kv_transport = "rma" if args.backend == "mpi" else "nixl"
-    if args.kv_transport in ("rma", "p2p") and args.backend != "mpi":
-        raise UsageError(f"--kv-transport {args.kv_transport} issues MPI calls; add --backend "
-                         "mpi (or use --kv-transport nixl)")
-    if args.kv_transport == "torch" and args.backend != "torch":
-        raise UsageError("--kv-transport torch issues torch.distributed calls; use --backend "
-                         "torch")
+    choose_kv_transport(args)
     if args.kv_transport == "nixl":
         from microbench.backends.kv_transports import import_nixl
         import_nixl()
