@@ -109,3 +109,33 @@ def test_validate_refuses_missing_files_and_ranks_outside_the_layout(tmp_path: P
     assert proc.stderr == ("infercomm validate: error: trace rank 5 (rank5 (rank5.json)) is "
                            "outside the layout's 2 ranks; pass the --tp/--pp the engine ran "
                            "with\n")
+
+
+def test_validate_counts_steps_with_a_drafters_own_logits_gathers() -> None:
+    """vLLM EAGLE at TP2, k = 2, every draft accepted (acceptance length 3), synchronous
+    scheduling (as vLLM's CPU build runs it: tests/test_real_engine_vllm.py's eagle-tp2): one
+    request of prompt 8, output 7 is a prefill and 2 verify steps (1 + 2 x 3 = 7); after each the
+    drafter's 2 passes gather their own logits on the same group: 3 all-gathers a step.
+    The trace's steps are its gathers / 3, not its gathers (9)."""
+    from patterns import EngineOptions, Layout, resolve_model
+    from patterns.engines.workloads import workload_pattern
+    from patterns.speculative import parse_spec
+    from patterns.traces.calls import Call, RankCalls, Trace
+    from patterns.traces.validate import validate
+    from patterns.workload.requests import Request
+    spec = parse_spec('{"method": "eagle", "num_speculative_tokens": 2}', 3, None)
+    pattern = workload_pattern("vllm", resolve_model("llama-3.1-8b"), Layout(tp=2),
+                               [Request(0, 8, 7)], None, EngineOptions(
+                                   model_runner="v1", async_scheduling=False), None, spec)
+    trace = Trace()
+    steps = [[trace.intern(Call(op.kind.value, op.numel, op.dtype, op.group_size))
+              for op in run.step.ops] for run in pattern.stages[0] for _ in range(run.repeat)]
+    assert [sum(trace.table[i].op == "allgather" for i in step) for step in steps] == [3] * 3
+    for rank in range(2):
+        trace.ranks.append(RankCalls(rank, f"rank{rank}"))
+        for step in steps:
+            trace.ranks[rank].ids.extend(step)
+    assert validate(trace, pattern).steps == {0: (3, 3), 1: (3, 3)}
+    trace.ranks[0].ids.extend(steps[-1])  # one verify step more, after the pattern's
+    result = validate(trace, pattern)
+    assert result.match and result.steps == {0: (4, 3), 1: (3, 3)}

@@ -140,14 +140,30 @@ def _step_shapes(pattern: Pattern) -> list[str]:
     return names
 
 
-def _trace_steps(trace: Trace, rank: RankCalls, start: int, step_end: Call | None) -> int:
+def _ends_like(call: Call, step_end: Call) -> bool:
+    return call.op == step_end.op and call.group_size in (None, step_end.group_size)
+
+
+def _ends_per_step(expected: list[_Expected], step_end: Call | None) -> int:
+    """Calls of the step-ending kind in each of the pattern's steps: 1, or 1 + k where an
+    EAGLE or MTP drafter gathers its own logits k times after every target step (the same
+    op on the same group: `patterns/engines/vllm/speculative.py`); 1 where steps differ."""
+    if step_end is None:
+        return 1
+    counts = set(Counter(e.step for e in expected if _ends_like(e.call, step_end)).values())
+    return counts.pop() if len(counts) == 1 else 1
+
+
+def _trace_steps(trace: Trace, rank: RankCalls, start: int, step_end: Call | None,
+                 per_step: int) -> int:
     """Steps of the trace from `start`: each ends at a call of the kind that ends the
-    pattern's steps (vLLM's logits gather), whatever its rows."""
+    pattern's steps (vLLM's logits gather), whatever its rows; `per_step` such calls a step
+    (a drafter's gathers too), a last step cut short counted whole."""
     if step_end is None:
         return 0
     table = trace.table
-    return sum(1 for i in rank.ids[start:] if table[i].op == step_end.op
-               and table[i].group_size in (None, step_end.group_size))
+    ends = sum(1 for i in rank.ids[start:] if _ends_like(table[i], step_end))
+    return -(-ends // per_step)
 
 
 def _dtype_unrecorded(call: Call) -> bool:
@@ -178,8 +194,10 @@ def _compare_rank(trace: Trace, rank: RankCalls, pattern: Pattern, p2p: set[str]
     table = trace.table
     shapes = _step_shapes(pattern)
     ends = [e for e in expected if e.tag == "logits"]
-    result.steps[rank.rank] = (_trace_steps(trace, rank, start, ends[0].call if ends else None),
-                               expected[-1].step + 1 if expected else 0)
+    step_end = ends[0].call if ends else None
+    result.steps[rank.rank] = (
+        _trace_steps(trace, rank, start, step_end, _ends_per_step(expected, step_end)),
+        expected[-1].step + 1 if expected else 0)
 
     def where(want: _Expected) -> str:
         shape = f": {shapes[want.step]}" if want.step < len(shapes) else ""
