@@ -59,6 +59,7 @@ class Case:
     workloads: tuple[Workload, ...]
     bind: str = "0|1"  # VLLM_CPU_OMP_THREADS_BIND: one core list a worker
     validate: tuple[str, ...] = ()  # further `infercomm validate` options
+    eagle_head: bool = False  # write an EAGLE draft head, the speculative_config's "model"
 
 
 ONE = Workload("one-request", ((5, 3),))
@@ -90,6 +91,14 @@ CASES: dict[str, Case] = {
         "prompt_lookup_max": 2}), (Workload("one-request", ((8, 7),), (5, 6, 7, 0, 0, 0, 0, 0)),),
         validate=("--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}',
                   "--acceptance-length", "3")),
+    # EAGLE, k = 2, made exact the same way: the draft head (write_eagle_head: one random
+    # Llama layer) has no lm_head of its own, so vLLM gives it the target's, whose every
+    # logit is 0: the drafter proposes 0, 0, the target samples 0 and accepts both; prompt
+    # 8, output 7 = 1 + 2 x 3 (acceptance length 3), whatever the prompt
+    "eagle-tp2": Case("zero-head", dict(tensor_parallel_size=2, speculative_config={
+        "method": "eagle", "num_speculative_tokens": 2}), (Workload("one-request", ((8, 7),)),),
+        eagle_head=True, validate=("--speculative-config", '{"method": "eagle", '
+                                   '"num_speculative_tokens": 2}', "--acceptance-length", "3")),
     # 4 workers on 2 cores: two a core
     "dense-tp4": Case("dense", dict(tensor_parallel_size=4, **SCHEDULED), (ONE,),
                       bind="0|0|1|1"),
@@ -144,6 +153,27 @@ def write_model(kind: str, path: Path) -> None:
     model.save_pretrained(path)
 
 
+def write_eagle_head(path: Path) -> None:
+    """A random EAGLE-1 draft head for the tiny Llama, as vLLM's `EagleLlamaForCausalLM`
+    loads one (vllm/model_executor/models/llama_eagle.py): a Llama config (vLLM wraps it
+    in its EAGLEConfig and prefixes "Eagle" to the architecture), `fc` of [hidden, 2 x
+    hidden] and one decoder layer without its input norm; no embed_tokens and no lm_head,
+    so the proposer shares the target's."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(1)
+    config = LlamaConfig(**{**COMMON, "num_hidden_layers": 1})
+    config.architectures = ["LlamaForCausalLM"]
+    layer = LlamaForCausalLM(config).model.layers[0]
+    weights = {f"layers.0.{name}": tensor.contiguous() for name, tensor in
+               layer.state_dict().items() if not name.startswith("input_layernorm")}
+    weights["fc.weight"] = torch.randn(HIDDEN, 2 * HIDDEN) / (2 * HIDDEN) ** 0.5
+    path.mkdir(parents=True)
+    config.save_pretrained(path)
+    save_file(weights, str(path / "model.safetensors"))
+
+
 def serve(case: Case, model: Path, out: Path) -> dict[str, list[str]]:
     """Profile each workload of the case on one engine; {workload: its trace files}."""
     from vllm import LLM, SamplingParams
@@ -157,7 +187,12 @@ def serve(case: Case, model: Path, out: Path) -> dict[str, list[str]]:
                                            "torch_profiler_record_shapes": True,
                                            "torch_profiler_with_stack": False,
                                            "torch_profiler_dump_cuda_time_total": False})
-    llm = LLM(**{**engine, **case.engine})
+    settings = {**engine, **case.engine}
+    if case.eagle_head:
+        write_eagle_head(out / "eagle-head")
+        settings["speculative_config"] = {**settings["speculative_config"],
+                                          "model": str(out / "eagle-head")}
+    llm = LLM(**settings)
     traces = {}
     for workload in case.workloads:
         prompts, params = [], []
