@@ -256,6 +256,29 @@ def test_a_hop_arrives_no_sooner_than_its_stream_time(tmp_path):
     assert p["prefill_us"] == pytest.approx(18)
 
 
+def test_a_large_hop_is_priced_by_the_stream_not_half_the_ping_pong(tmp_path):
+    from microbench.analysis.fits import Topology
+    from microbench.analysis.predict import predict_pattern
+    from patterns import Layout, Workload, from_hf_config, generate
+
+    pattern = generate("vllm-v0", from_hf_config(tiny_model(tmp_path)), Layout(pp=2),
+                       Workload(prompt=8, decode=4))
+    # Ping-pong 2 + 0.01 us/B, stream 3 us a message (flat). The prefill's two sends are
+    # 8 x 64 bf16 = 1024 B: half the ping-pong there is (2 + 10.24) / 2 = 6.12 us, above
+    # the stream, but the floor is half the ping-pong at the sweep's smallest size, 8 B:
+    # (2 + 0.08) / 2 = 1.04. So latency = gap = 3: stage 0 sends at 0 and 3, the data
+    # arrives at 3 and 6, and stage 1's prefill ends at 6 (with half the ping-pong at
+    # 1024 B as the latency: 6.12 and 9.12).
+    # Decode sends are 128 B: half the ping-pong (2 + 1.28) / 2 = 1.64, still below the
+    # stream's 3: each step is stage 1's two receives, 3 apart, 6 a step.
+    fits = _flat({("stream", 2): 3})
+    fits[("sendrecv", 2)] = fit_points("sendrecv", 2, SIZES, [2 + 0.01 * s for s in SIZES])
+    p, _ = predict_pattern(pattern, Topology(fits))
+    assert p["prefill_us"] == pytest.approx(6)
+    assert p["decode_step_us"] == pytest.approx(6)
+    assert p["e2e_us"] == pytest.approx(6 + 3 * 6)  # 24
+
+
 def test_an_outlier_is_left_out_and_named():
     # 5 us + 0.001 us/B, but the 2 KiB median is 8000 us (a descheduled rank). Its
     # neighbours allow at most 5.512 x 4 = 22.0 us (512 B's time, growing with size) and

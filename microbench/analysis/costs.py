@@ -1,6 +1,6 @@
 """What each call of a pattern costs its stage, priced from a sweep's fits: a collective's fit
-at its message size, a transfer's latency (half a sendrecv iteration) and gap (a stream
-iteration); the model these feed is `predict.py`'s.
+at its message size, a transfer's gap (a stream iteration) and latency (the stream iteration,
+no sooner than half the smallest ping-pong); the model these feed is `predict.py`'s.
 
 A group whose ranks lie on more than one node, or a transfer between stages on different
 nodes, takes the inter-node fits (`Topology.fits_of`).
@@ -22,22 +22,45 @@ from patterns.layout import Layout
 
 
 def call_time_us(fits: FitTable, op: Op) -> float:
-    """One call's time in isolation: a collective's fit, or a transfer's latency, half the
-    2-rank sendrecv (a ping-pong: the even rank sends first). A transfer's data arrives no
-    sooner than that nor than its one-way stream time (`Costs`): where the ping-pong's two
-    messages overlap (a 512 KiB sendrecv over 1 Gbit/s in 4.8 ms, each way needing 4.2),
-    its half prices a one-way send below what the link allows."""
+    """One call's time in isolation: a collective's fit, or for a transfer half the 2-rank
+    sendrecv (a ping-pong: the even rank sends first), what a transfer costs where the sweep
+    has no stream (`latency_us`)."""
     kind, size, _, n = pattern_message(op)
     t = fit_for(fits, kind, n).time_us(size)
     return t / 2 if op.kind in (OpKind.SEND, OpKind.RECV) else t
 
 
+def _has_stream(fits: FitTable) -> bool:
+    return any(k[0] == SweepOp.STREAM.value for k in fits)
+
+
 def gap_us(fits: FitTable, op: Op) -> float:
     """A transfer's gap: the stream fit where the sweep has one, else its latency."""
-    if any(k[0] == SweepOp.STREAM.value for k in fits):
+    if _has_stream(fits):
         _, size, _, n = pattern_message(op)
         return fit_for(fits, SweepOp.STREAM, n).time_us(size)
     return call_time_us(fits, op)
+
+
+def latency_us(fits: FitTable, op: Op) -> float:
+    """A transfer's latency, from its send's start to its data's arrival: a one-way message
+    of the stream (osu_bw's figure), and no sooner than half the ping-pong at the sweep's
+    smallest size (osu_latency's: the time any message takes to be seen); half the
+    ping-pong where the sweep has no stream.
+
+    Not half the ping-pong at the message's own size: for a large message the two measure one
+    quantity (a 512 KiB MPI send on one host took 16.8-17.2 us in a replay, sender and
+    receiver in lockstep; the same minutes' sweeps gave 17.3-19.0 us a stream message and
+    17.5-18.9 us half a ping-pong), and on a shared machine noise only adds time, so the
+    later of two figures is the one noise raised most: with it, six rounds of
+    benchmarks/predict_accuracy.py (MPI PP2) put the prefill at 0.86-0.93 of its prediction,
+    with the stream at 0.91-0.98. The stream alone is too early for a small message, whose
+    stream iterations overlap (MPICH's eager sends return before the data lands)."""
+    if not _has_stream(fits):
+        return call_time_us(fits, op)
+    _, size, _, n = pattern_message(op)
+    ping_pong = fit_for(fits, SweepOp.SENDRECV, n)
+    return max(gap_us(fits, op), ping_pong.time_us(min(size, ping_pong.min_bytes)) / 2)
 
 
 # Group kinds whose calls join the DP ranks of one stage (the engine's DP all-reduce, MoE
@@ -113,8 +136,7 @@ class Costs:
             stand_in_note(fits, SweepOp.SENDRECV, 2, self.topology.notes)
             if any(k[0] == SweepOp.STREAM.value for k in fits):
                 self._note(fits, op, SweepOp.STREAM)
-            gap = gap_us(fits, op)
-            return Cost(op.kind.value, gap, max(gap, call_time_us(fits, op)), peer)
+            return Cost(op.kind.value, gap_us(fits, op), latency_us(fits, op), peer)
         fits = self.topology.fits_of(groups_at(layout, op.group, dp_rank, stage))
         self._note(fits, op)
         if op.transport == Transport.GLOO:
