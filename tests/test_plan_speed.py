@@ -4,6 +4,7 @@ figures must equal those of the calls every layer issues, summed one by one."""
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from microbench.analysis.fits import topology_from
@@ -67,3 +68,67 @@ def test_untagged_steps_are_the_layers_calls_but_for_tags():
     first = untagged.segment_steps[0].ops
     assert len(first) == 124
     assert len({id(op) for op in first}) == 12
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_block_sums_are_span_index_sums(engine):
+    # lane_arrays.Block sums every lane of a layout at once (numpy); SpanIndex.sums is the
+    # per-lane reference (patterns/workload/metrics.py). SGLang's default schedule keeps
+    # decodes out of prefill steps (TPOT over decode steps alone), vLLM's does not: both
+    # range kinds. Every figure must be the same float, not merely close.
+    from microbench.analysis.lane_arrays import Block, lane_arrays, p90
+    from patterns.workload.metrics import SpanIndex, percentile
+    model = resolve_model("llama-3.1-8b")
+    requests = list(read_requests(REQUESTS))
+    lanes = [workload_pattern(engine, model, Layout(tp=2), requests[k::3], None,
+                              EngineOptions(), 0.03) for k in range(3)]
+    assert lanes[0].schedule.decode_in_mixed == (engine == "vllm")
+    arrays, per_lane = [], []
+    for n, lane in enumerate(lanes):
+        count = len(lane.schedule.segments)
+        values = [1.0 / (3 + i + 7 * n) + 0.1 * (i % 5) for i in range(count)]  # uneven
+        per_lane.append(values)
+        arrays.append(lane_arrays(lane, values, [0] * count, [0] * count, 0))
+    ttfts, tpots, ends = [], [], [0.0]
+    for lane, values in zip(lanes, per_lane, strict=True):
+        ttft, tpot = SpanIndex(lane.schedule).sums(values)
+        ttfts += ttft
+        tpots += [t for t in tpot if t is not None]
+        end = 0.0
+        for value, seg in zip(values, lane.schedule.segments, strict=True):
+            end += value * seg.repeat
+        ends.append(end)
+    padded = max(len(v) for v in per_lane)
+    table = np.array([v + [0.0] * (padded - len(v)) for v in per_lane])
+    ttft, tpot, end = Block(arrays, [(0, 0.0, 0)]).sums(table)
+    assert ttft.tolist() == ttfts and tpot.tolist() == tpots and end == max(ends)
+    assert len(tpots) > 0 and min(ttfts) >= 0 and max(tpots) > 0
+    assert p90(ttft) == percentile(ttfts, 90) and p90(tpot) == percentile(tpots, 90)
+
+
+@pytest.mark.parametrize("model_name,layout", [
+    ("llama-3.1-405b", Layout(tp=8, pp=3)),  # 126 layers: 42 a stage, the LM head on the last
+    ("deepseek-v3", Layout(tp=4, pp=2, dp=2, ep=True)),  # dense, then MoE layers; EP spread
+])
+def test_step_floors_are_step_floor(model_name, layout):
+    # compute.step_floors prices many steps at once (numpy) for plan --requests; each must be
+    # the float step_floor gives one step at a time.
+    from microbench.analysis.compute import step_floor, step_floors
+    model = resolve_model(model_name)
+    floor = step_floor(model, layout, "bf16", "h100")
+    steps = [(t, t * (t / s) / 2 if s else 0.0, d, c) for t, s in ((0, 0), (7, 1), (2048, 3))
+             for d in (0, 1, 37) for c in (0.0, 333.5, 1900.25)]
+    many = step_floors(model, layout, "bf16", "h100",
+                       *(np.array([s[i] for s in steps]) for i in range(4)))
+    assert many.tolist() == [floor(*s) for s in steps]
+    assert len(set(many.tolist())) > 10  # the steps differ (a bandwidth-bound few alike)
+
+
+def test_fit_times_are_its_time_at_each_size():
+    from microbench.analysis.fits import Fit, Piece
+    fit = Fit("sendrecv", 2, (Piece(0, 3.0, 0.01), Piece(4096, 20.5, 0.0025),
+                              Piece(1 << 20, 700.0, 0.0011)), 0.0, 10, 8, 1 << 24)
+    sizes = np.array([0, 8, 4095, 4096, 100_000, 1 << 20, 3 << 22])
+    assert fit.times_us(sizes).tolist() == [fit.time_us(int(s)) for s in sizes]
+    # 4096 B is the second piece's: 20.5 + 0.0025 x 4096 = 30.74 us
+    assert fit.times_us(sizes)[3] == pytest.approx(30.74)

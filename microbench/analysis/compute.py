@@ -109,15 +109,9 @@ def step_floor_us(model: ModelConfig, layout: Layout, dtype: str, gpu: str,
 
 
 @cache
-def step_floor(model: ModelConfig, layout: Layout, dtype: str,
-               gpu: str) -> Callable[[int, float, int, float], float]:
-    """`step_floor_us` of one layout, what does not vary step to step looked up once (plan
-    prices thousands of steps a layout under --requests)."""
-    peak, bandwidth = _peak(model, gpu), GPU_SPECS[gpu].hbm_bytes_per_s
-    d = _head_dim(model)
-    kv_token = kv_bytes_per_token_layer(model, layout.tp, dtype)
-    spread = layout.dp if layout.ep else 1
-    top_k = model.num_experts_per_tok
+def _floor_terms(model: ModelConfig, layout: Layout, dtype: str, gpu: str) -> tuple[Any, ...]:
+    """What `step_floor_us` reads of a layout, looked up once: (peak, bandwidth, head_dim,
+    KV bytes a token and layer, EP spread, top-k, per run of alike stages its terms)."""
     work: list[tuple[Any, ...]] = []  # stages alike in a row: one term added `count` times
     for s in _work(model, layout, dtype):
         term = (2 * (s.dense_params + s.routed_active), s.heads, s.layers, s.dense_bytes,
@@ -126,6 +120,17 @@ def step_floor(model: ModelConfig, layout: Layout, dtype: str,
             work[-1] = (*term, work[-1][-1] + 1)
         else:
             work.append((*term, 1))
+    return (_peak(model, gpu), GPU_SPECS[gpu].hbm_bytes_per_s, _head_dim(model),
+            kv_bytes_per_token_layer(model, layout.tp, dtype),
+            layout.dp if layout.ep else 1, model.num_experts_per_tok, tuple(work))
+
+
+@cache
+def step_floor(model: ModelConfig, layout: Layout, dtype: str,
+               gpu: str) -> Callable[[int, float, int, float], float]:
+    """`step_floor_us` of one layout, what does not vary step to step looked up once (plan
+    prices thousands of steps a layout under --requests)."""
+    peak, bandwidth, d, kv_token, spread, top_k, work = _floor_terms(model, layout, dtype, gpu)
 
     def floor(prefill_tokens: int, prefill_pairs: float, decode_seqs: int,
               context: float) -> float:
@@ -143,6 +148,29 @@ def step_floor(model: ModelConfig, layout: Layout, dtype: str,
                 total += stage
         return total * 1e6
     return floor
+
+
+def step_floors(model: ModelConfig, layout: Layout, dtype: str, gpu: str,
+                prefill_tokens: Any, prefill_pairs: Any, decode_seqs: Any,
+                context: Any) -> Any:
+    """`step_floor`'s floor of many steps at once (numpy arrays of int tokens and sequences,
+    float pairs and contexts: plan's --requests prices thousands a layout): the same
+    operations in the same order on each element, so the same floats."""
+    import numpy as np
+    peak, bandwidth, d, kv_token, spread, top_k, work = _floor_terms(model, layout, dtype, gpu)
+    tokens = prefill_tokens + decode_seqs
+    routing = tokens * spread
+    total = np.zeros(len(tokens))
+    for params2, heads, layers, dense_bytes, routed_bytes, experts, count in work:
+        reached = np.minimum(1.0, routing * top_k / experts) if experts else 0.0
+        flops = (params2 * tokens
+                 + (4 * prefill_pairs + 4 * decode_seqs * context) * heads * d * layers)
+        read = (dense_bytes + reached * routed_bytes
+                + decode_seqs * context * kv_token * layers)
+        stage = np.maximum(flops / peak, read / bandwidth)
+        for _ in range(count):
+            total += stage
+    return total * 1e6
 
 
 def compute_floor(model: ModelConfig, layout: Layout, dtype: str, gpu: str, batch: int,

@@ -66,6 +66,16 @@ class Fit:
                 piece = p
         return piece.time_us(size_bytes)
 
+    def times_us(self, sizes: np.ndarray) -> np.ndarray:
+        """`time_us` of many sizes: each its piece's alpha + beta x size, the same floats."""
+        alpha = np.full(len(sizes), self.pieces[0].alpha_us)
+        beta = np.full(len(sizes), self.pieces[0].beta_us_per_byte)
+        for p in self.pieces[1:]:
+            later = sizes >= p.from_bytes
+            alpha = np.where(later, p.alpha_us, alpha)
+            beta = np.where(later, p.beta_us_per_byte, beta)
+        return alpha + beta * sizes
+
     def as_dict(self) -> dict[str, Any]:
         return {"op": self.op, "group_size": self.group_size, "points": self.points,
                 "rms_rel_error": round(self.rms_rel_error, 6),

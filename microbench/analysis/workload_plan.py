@@ -25,17 +25,16 @@ stages add to every step.
 
 import heapq
 import math
-import operator
 from dataclasses import dataclass, field
 from typing import Any
 
 from microbench.analysis.costs import Costs
 from microbench.analysis.fits import Topology, fit_for, stand_in_note
+from microbench.analysis.lane_arrays import Block, LaneArrays, lane_arrays, p90
 from microbench.sweep.busbw import SweepOp
 from patterns import ConfigError, Layout, ModelConfig, Pattern
 from patterns.dtypes import DTYPE_BYTES
 from patterns.groups import rank_of
-from patterns.workload.metrics import SpanIndex, percentile
 from patterns.workload.requests import Request
 
 ROUTINGS = ("round-robin", "least-loaded")
@@ -171,59 +170,60 @@ class _Stages:
             if fits not in self.hop_kinds:
                 self.hop_kinds.append(fits)
             self.hop_kind.append(self.hop_kinds.index(fits))
-        self.memo: dict[tuple[int, int], float] = {}
 
-    def extra_us(self, tokens: int, samples: int) -> float:
-        key = (tokens, samples)
-        if key in self.memo:
-            return self.memo[key]
-        size, total = tokens * self.row, 0.0
-        hops = []  # each kind of hop priced once (hops within a node, hops across nodes)
+    def extras(self, tokens: Any, samples: Any) -> Any:
+        """What the stages add to steps of `tokens` sampling `samples` (numpy arrays), each
+        kind of hop priced once (within a node, across nodes): per step the floats a loop
+        over the hops would add, in the same order."""
+        import numpy as np
+        size, total = tokens * self.row, np.zeros(len(tokens))
+        hops = []
         for sendrecv, stream in self.hop_kinds:
-            latency = sendrecv.time_us(size) / 2
-            gap = stream.time_us(size) if stream is not None else latency
-            hops.append(gap + max(gap, latency))  # as costs.py: no sooner than either
+            latency = _times_us(sendrecv, size) / 2
+            gap = _times_us(stream, size) if stream is not None else latency
+            hops.append(gap + np.maximum(gap, latency))  # as costs.py: no sooner than either
         for kind in self.hop_kind:
             total += hops[kind]
-        if self.broadcast is not None and samples:
-            total += (self.broadcast.time_us(8 * samples)
-                      + self.broadcast.time_us(4 * (samples + 1)))
-        self.memo[key] = total
+        if self.broadcast is not None:
+            sent = (_times_us(self.broadcast, 8 * samples)
+                    + _times_us(self.broadcast, 4 * (samples + 1)))
+            total = np.where(samples > 0, total + sent, total)
         return total
 
 
-@dataclass(frozen=True)
-class _Lane:
-    """What every layout of a lane's tp reads of it, found once (`lanes.shared`)."""
-
-    lane: Any  # the pattern, kept so that no id keyed on it is reused
-    index: SpanIndex
-    repeats: list[int]
-    steps: list[tuple[int, int]]  # per segment: the step's T and samples
-    distinct_steps: set[tuple[int, int]]
-    shapes: list[int]  # per segment: its shape's number among the plan's shapes
-    distinct_shapes: dict[int, Any]  # the lane's shapes by number, in order of first step
-    context: float  # the mean context of the lane's requests
-    comm: list[float]  # per segment: its TP calls' time
-    kv_tokens: int
+def _times_us(fit: Any, sizes: Any) -> Any:
+    """A fit's time at many sizes (fits.Fit.times_us; any other kind one size at a time)."""
+    import numpy as np
+    many = getattr(fit, "times_us", None)
+    return many(sizes) if many is not None else np.array([fit.time_us(x) for x in sizes])
 
 
-def _lane(lane: Any, shared: dict[Any, Any], price: Any) -> _Lane:
+def _lane(lane: Any, shared: dict[Any, Any], price: Any) -> LaneArrays:
+    """A lane's arrays (lane_arrays.py), its steps priced once for every layout of its tp:
+    each distinct step tuple once a lane, and once a tp (`price`'s memo)."""
     key = ("lane", id(lane))
     hit = shared.get(key)
     if hit is None:
         from microbench.analysis.workload import kv_tokens
-        segments = lane.schedule.segments
+        segments, steps = lane.schedule.segments, lane.segment_steps
         numbers = shared.setdefault("shapes", {})
-        requests = lane.requests
-        steps = [(step.tokens, s.shape.samples)
-                 for step, s in zip(lane.segment_steps, segments, strict=True)]
-        hit = shared[key] = _Lane(
-            lane, SpanIndex(lane.schedule), [s.repeat for s in segments], steps, set(steps),
-            shapes := [numbers.setdefault(s.shape, len(numbers)) for s in segments],
-            {n: s.shape for n, s in zip(shapes, segments, strict=True)},
-            sum(r.prompt + r.output / 2 for r in requests) / len(requests),
-            [price(step.ops) for step in lane.segment_steps], kv_tokens(lane))
+        floor_args = shared.setdefault("floor args", [])  # by shape number
+        pair_numbers = shared.setdefault("pairs", {})  # (T, samples) -> number
+        shapes = []
+        for s in segments:
+            number = numbers.get(s.shape)
+            if number is None:
+                number = numbers[s.shape] = len(numbers)
+                shape = s.shape
+                chunk = shape.prefill_tokens / shape.prefill_seqs if shape.prefill_seqs else 0
+                floor_args.append((shape.prefill_tokens, shape.prefill_tokens * chunk / 2,
+                                   shape.decode_seqs * shape.decode_tokens))
+            shapes.append(number)
+        pairs = [pair_numbers.setdefault((step.tokens, s.shape.samples), len(pair_numbers))
+                 for step, s in zip(steps, segments, strict=True)]
+        own = {i: price(ops) for i, ops in {id(step.ops): step.ops for step in steps}.items()}
+        hit = shared[key] = lane_arrays(lane, [own[id(step.ops)] for step in steps], pairs,
+                                        shapes, kv_tokens(lane))
     return hit
 
 
@@ -232,17 +232,13 @@ def price_lanes(lanes: Lanes, topology: Topology, gpu: str,
     """((TTFT p90, TPOT p90, end to end) of communication, the same of the compute floors,
     KV tokens of the fullest replica). A lane's TP calls are priced once for every layout
     of its tp; what a layout adds (its stages) and its floors are priced once per distinct
-    step."""
-    from microbench.analysis.compute import step_floor
+    step, and summed per request over the layout's lanes stacked (lane_arrays.Block)."""
+    import numpy as np
+
+    from microbench.analysis.compute import step_floors
     model, layout = lanes.model, lanes.layout
     dtype = lanes.workload.dtype or model.default_dtype
-    # Per request, (TTFTs, TPOTs) of communication and of the floors.
-    comm_figs: tuple[list[float], list[float]] = ([], [])
-    floor_figs: tuple[list[float], list[float]] = ([], [])
-    comm_ends, floor_ends = [0.0], [0.0]
     stages = _Stages(lanes, topology)
-    floors: dict[Any, float] = {}
-    floor_of = step_floor(model, layout, dtype, gpu)
     costs = Costs(lanes.lanes[0], topology)  # every lane has the layout tp, pp 1, dp 1
     tp = layout.tp
     # The TP group of every lane is ranks 0 .. tp - 1: across nodes only if wider than one.
@@ -256,69 +252,85 @@ def price_lanes(lanes: Lanes, topology: Topology, gpu: str,
         return _step_sum(ops, steps, by_call, lambda op: costs.of(0, 0, op).busy_us)
 
     before = set(topology.notes)
-    flat = not stages.hops and stages.broadcast is None  # extra_us is 0.0 at every step
-    extra = stages.memo
-    kv = []
-    for lane in lanes.lanes:
-        info = _lane(lane, lanes.shared, price)
-        kv.append(info.kv_tokens)
-        if flat:
-            comm = info.comm
-        else:
-            for pair in info.distinct_steps:
-                if pair not in extra:
-                    stages.extra_us(*pair)
-            comm = [own + extra[pair] for own, pair in zip(info.comm, info.steps, strict=True)]
-        # A floor by (shape, rounded context), at the context of the first lane to ask.
-        known = floors.setdefault(round(info.context), {})
-        for number, shape in info.distinct_shapes.items():
-            if number not in known:
-                chunk = shape.prefill_tokens / shape.prefill_seqs if shape.prefill_seqs else 0
-                known[number] = floor_of(shape.prefill_tokens, shape.prefill_tokens * chunk / 2,
-                                         shape.decode_seqs * shape.decode_tokens, info.context)
-        floor = [known[number] for number in info.shapes]
-        for figs, values in ((comm_figs, comm), (floor_figs, floor)):
-            ttfts, tpots = info.index.sums(values)
-            figs[0].extend(ttfts)
-            figs[1].extend(t for t in tpots if t is not None)
-        comm_ends.append(sum(map(operator.mul, comm, info.repeats)))
-        floor_ends.append(sum(map(operator.mul, floor, info.repeats)))
+    arrays = [_lane(lane, lanes.shared, price) for lane in lanes.lanes]
     said |= topology.notes - before  # what pricing new calls noted
+    key = ("block", frozenset(id(a.lane) for a in arrays))
+    block = lanes.shared.get(key)
+    if block is None:  # the layouts of one tp (and routing) share their lanes
+        block = lanes.shared[key] = Block(arrays, lanes.shared["floor args"])
+    comm = block.comm
+    if stages.hops or stages.broadcast is not None:  # else the stages add nothing
+        pairs = lanes.shared["pairs"]
+        if "pair list" not in lanes.shared or len(lanes.shared["pair list"]) != len(pairs):
+            lanes.shared["pair list"] = np.array(list(pairs), dtype=np.int64).reshape(-1, 2)
+        used = lanes.shared["pair list"][block.pair_numbers]
+        comm = comm + stages.extras(used[:, 0], used[:, 1])[block.pair_index]
+    # A floor by (shape, rounded context), at the context of the first lane to ask.
+    rows = np.array([block.row_of[id(a.lane)] for a in arrays])
+    first, shape = block.first_asked(rows)
+    floor = step_floors(model, layout, dtype, gpu, block.prefill_tokens[shape],
+                        block.prefill_pairs[shape], block.decode_seqs[shape],
+                        block.context[first])[block.segment_key]
+    comm_ttft, comm_tpot, comm_end = block.sums(comm)
+    floor_ttft, floor_tpot, floor_end = block.sums(floor)
+    kv = [a.kv_tokens for a in arrays]
     pp = layout.pp
     peak = max(sum(kv[r * pp:(r + 1) * pp]) for r in range(-(-len(kv) // pp)))
-    return ((_p90(comm_figs[0]), _p90(comm_figs[1]), max(comm_ends)),
-            (_p90(floor_figs[0]), _p90(floor_figs[1]), max(floor_ends)), peak)
-
-
-def _p90(values: list[float]) -> float:
-    """The p90 `summary` gives (metrics.percentile), 0 where there is none."""
-    return percentile(values, 90) or 0.0
+    return ((p90(comm_ttft), p90(comm_tpot), comm_end),
+            (p90(floor_ttft), p90(floor_tpot), floor_end), peak)
 
 
 def lanes_volume(lanes: Lanes) -> int:
     """Every lane's calls once, the hops' bytes (tp ranks each send both tensors) and
-    vLLM's broadcasts of the sampled tokens (counted once, as a broadcast is)."""
-    from patterns.volume import op_volume
+    vLLM's broadcasts of the sampled tokens (counted once, as a broadcast is).
+
+    Summed as integers, a lane's three totals (calls, tokens, sampled bytes) kept for every
+    layout of its tp: every term is a whole number of bytes, so below 2**53 the float sum
+    step by step was exact and this is the same number; above it, that sum is kept."""
     layout = lanes.layout
     dtype = lanes.workload.dtype or lanes.model.default_dtype
     hop = 2 * lanes.model.hidden_size * DTYPE_BYTES[dtype] * layout.tp * (layout.pp - 1)
-    per_step = lanes.shared.setdefault(("volume", layout.tp), {})
-    by_call = lanes.shared.setdefault(("call volume", layout.tp), {})
-    total = 0.0
     broadcasts = layout.pp > 1 and lanes.lanes[0].engine == "vllm"
+    total = 0
     for lane in lanes.lanes:
-        key = ("lane volume", id(lane))
-        steps = lanes.shared.get(key)
-        if steps is None:  # per step: its calls' volume, T, broadcast bytes, repeat
-            segments = lane.schedule.segments
-            steps = lanes.shared[key] = (lane, [
-                (_step_sum(step.ops, per_step, by_call, lambda op: float(op_volume(op))),
-                 step.tokens, 8 * s.shape.samples + 4 * (s.shape.samples + 1)
-                 if s.shape.samples else 0, s.repeat)
-                for step, s in zip(lane.segment_steps, segments, strict=True)])
-        for own, tokens, sampled, repeat in steps[1]:
-            total += (own + hop * tokens + (sampled if broadcasts else 0)) * repeat
-    return math.ceil(total)
+        calls, tokens, sampled = _lane_volume(lane, lanes.shared, layout.tp)[1]
+        total += calls + hop * tokens + (sampled if broadcasts else 0)
+    if total < 2 ** 53:
+        return total
+    inexact = 0.0  # the float sum, step by step, that figures were first given as
+    for lane in lanes.lanes:
+        for own, tokens, sampled, repeat in _volume_rows(lane, lanes.shared, layout.tp):
+            inexact += (own + hop * tokens + (sampled if broadcasts else 0)) * repeat
+    return math.ceil(inexact)
+
+
+def _volume_rows(lane: Any, shared: dict[Any, Any], tp: int) -> list[tuple[Any, ...]]:
+    """Per step of a lane: its calls' bytes (each distinct step summed once a tp), T, the
+    sampled tokens' bytes and its repeat."""
+    from patterns.volume import op_volume
+    per_step = shared.setdefault(("volume", tp), {})
+    by_call = shared.setdefault(("call volume", tp), {})
+    steps = lane.segment_steps
+    own = {i: _step_sum(ops, per_step, by_call, lambda op: float(op_volume(op)))
+           for i, ops in {id(step.ops): step.ops for step in steps}.items()}
+    return [(own[id(step.ops)], step.tokens, 8 * s.shape.samples + 4 * (s.shape.samples + 1)
+             if s.shape.samples else 0, s.repeat)
+            for step, s in zip(steps, lane.schedule.segments, strict=True)]
+
+
+def _lane_volume(lane: Any, shared: dict[Any, Any], tp: int) -> tuple[Any, ...]:
+    """(lane, its calls' bytes, tokens and sampled bytes summed over its steps), kept for
+    every layout of its tp."""
+    key = ("lane volume", id(lane))
+    hit = shared.get(key)
+    if hit is None:
+        sums = [0, 0, 0]
+        for calls, tokens, sampled, repeat in _volume_rows(lane, shared, tp):
+            sums[0] += int(calls) * repeat
+            sums[1] += tokens * repeat
+            sums[2] += sampled * repeat
+        hit = shared[key] = (lane, tuple(sums))
+    return hit
 
 
 def is_lanes(pattern: Pattern | Lanes) -> bool:
