@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from microbench.analysis.fits import topology_from
+from microbench.analysis.lane_arrays import op_key
 from microbench.analysis.layouts import Budget, plan
-from microbench.analysis.workload_plan import _op_key, lanes_of
+from microbench.analysis.workload_plan import lanes_of
 from microbench.results.runs import load_sweep, sweep_table
 from patterns import Layout, resolve_model
 from patterns.engines.workloads import workload_pattern
@@ -58,7 +59,7 @@ def test_untagged_steps_are_the_layers_calls_but_for_tags():
     untagged = workload_pattern("vllm", model, Layout(tp=4), requests, None,
                                 EngineOptions(), 0.03, untagged=True)
     for a, b in zip(tagged.segment_steps, untagged.segment_steps, strict=True):
-        assert [_op_key(op) for op in a.ops] == [_op_key(op) for op in b.ops]
+        assert [op_key(op) for op in a.ops] == [op_key(op) for op in b.ops]
         assert (a.tokens, a.rows) == (b.tokens, b.rows)
     # 61 layers at tp 4: an o_proj all-reduce each, then the 3 dense layers' MLP all-reduce
     # and the 58 MoE layers' experts' all-reduce, with the embedding's and the logits': so
@@ -88,7 +89,7 @@ def test_block_sums_are_span_index_sums(engine):
         count = len(lane.schedule.segments)
         values = [1.0 / (3 + i + 7 * n) + 0.1 * (i % 5) for i in range(count)]  # uneven
         per_lane.append(values)
-        arrays.append(lane_arrays(lane, values, [0] * count, [0] * count, 0))
+        arrays.append(lane_arrays(lane, [(v, 0.0) for v in values], 0))
     ttfts, tpots, ends = [], [], [0.0]
     for lane, values in zip(lanes, per_lane, strict=True):
         ttft, tpot = SpanIndex(lane.schedule).sums(values)
@@ -100,7 +101,7 @@ def test_block_sums_are_span_index_sums(engine):
         ends.append(end)
     padded = max(len(v) for v in per_lane)
     table = np.array([v + [0.0] * (padded - len(v)) for v in per_lane])
-    ttft, tpot, end = Block(arrays, [(0, 0.0, 0)]).sums(table)
+    ttft, tpot, end = Block(arrays).sums(table)
     assert ttft.tolist() == ttfts and tpot.tolist() == tpots and end == max(ends)
     assert len(tpots) > 0 and min(ttfts) >= 0 and max(tpots) > 0
     assert p90(ttft) == percentile(ttfts, 90) and p90(tpot) == percentile(tpots, 90)
@@ -132,3 +133,44 @@ def test_fit_times_are_its_time_at_each_size():
     assert fit.times_us(sizes).tolist() == [fit.time_us(int(s)) for s in sizes]
     # 4096 B is the second piece's: 20.5 + 0.0025 x 4096 = 30.74 us
     assert fit.times_us(sizes)[3] == pytest.approx(30.74)
+
+
+def test_lanes_volume_is_the_step_by_step_sum():
+    # lanes_volume sums whole bytes as integers, each lane's totals once; the float sum over
+    # every step (as before, and still its way above 2**53) must give the same number.
+    from dataclasses import replace
+
+    from microbench.analysis.layouts import layout_of, valid_layouts
+    from microbench.analysis.workload_plan import lanes_volume, price_lanes
+    from patterns.volume import op_volume
+    model = resolve_model("llama-3.1-8b")
+    requests = list(read_requests(REQUESTS))
+    intra = sweep_table(load_sweep("--sweep", str(next(SWEEPS.glob("*-intra-shm")))))
+    inter = sweep_table(load_sweep("--sweep-inter",
+                                   str(next(SWEEPS.glob("*-inter-veth-1gbit")))))
+    topology = topology_from(intra, inter, 4)
+    layout = layout_of(next(s for s in valid_layouts(model, 8)[0] if s.pp == 2 and s.dp == 2))
+
+    def lane(indices):
+        return workload_pattern("vllm", model, Layout(tp=layout.tp),
+                                [requests[i] for i in indices], None, EngineOptions(), 0.03,
+                                untagged=True)
+    lanes = lanes_of(lane, model, layout, requests, "round-robin", 0.03)
+    price_lanes(lanes, topology, "h100")  # lanes_volume reads the arrays it makes
+    # per step: its calls' bytes, then 2 tensors of [T, 4096] bf16 per hop (1 hop at pp 2)
+    # from each of tp ranks, and vLLM's sampled tokens (int64 [S, 1] + int32 [S + 1, 1])
+    hop = 2 * 4096 * 2 * layout.tp * 1
+    expected = 0.0
+    for pattern in lanes.lanes:
+        for step, seg in zip(pattern.segment_steps, pattern.schedule.segments, strict=True):
+            calls = 0.0
+            for op in step.ops:
+                calls += op_volume(op)
+            samples = seg.shape.samples
+            sampled = 8 * samples + 4 * (samples + 1) if samples else 0
+            expected += (calls + hop * step.tokens + sampled) * seg.repeat
+    assert lanes_volume(lanes) == expected > 0
+    for pattern in lanes.lanes:  # forced through the float sum, as above 2**53
+        key = ("lane", id(pattern))
+        lanes.shared[key] = replace(lanes.shared[key], volume_sums=(2 ** 53, 0, 0))
+    assert lanes_volume(lanes) == expected

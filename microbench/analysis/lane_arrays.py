@@ -20,15 +20,72 @@ import numpy as np
 from patterns.ops import Phase
 
 
+def op_key(op: Any) -> tuple[Any, ...]:
+    """What a call's cost and volume follow from: its ops differ by tag alone layer to layer."""
+    return (op.kind, op.group, op.group_size, op.shape, op.out_shape, op.dtype, op.transport,
+            op.counts)
+
+
+def step_sums(ops: tuple[Any, ...], memo: dict[Any, Any], by_key: dict[Any, Any],
+              value: Any) -> tuple[float, float]:
+    """`value(op)`'s two figures (a time, a byte count) each summed over a step's calls in
+    their order, as `own += figure` would. Steps that share every call but the last (one
+    forward, its logits rows apart) share the sum of those: found by the last shared call's
+    id and checked equal (identical objects compare at once; equal calls have equal
+    figures, which follow from `op_key`). A call object is valued once. `memo` keeps what
+    it keys by id with the objects, so no id is reused while it is kept."""
+    hit = memo.get(id(ops))
+    if hit is not None:
+        return hit[0]
+    head = ops[:-1]
+    key = ("head", len(ops), id(head[-1]) if head else None)
+    prefix = memo.get(key)
+    if prefix is None or prefix[1] != head:
+        # A layer's calls repeat as a few objects (profile.forward's untagged): each valued
+        # once, then added in call order.
+        values = {i: _call_value(op, memo, by_key, value)
+                  for i, op in {id(op): op for op in head}.items()}
+        time = size = 0.0
+        for i in map(id, head):
+            t, b = values[i]
+            time += t
+            size += b
+        prefix = memo[key] = ((time, size), head)
+    time, size = prefix[0]
+    if ops:
+        t, b = _call_value(ops[-1], memo, by_key, value)
+        time += t
+        size += b
+    memo[id(ops)] = ((time, size), ops)
+    return time, size
+
+
+def _call_value(op: Any, memo: dict[Any, Any], by_key: dict[Any, Any],
+                value: Any) -> tuple[float, float]:
+    hit = memo.get(("op", id(op)))
+    if hit is None:
+        key = op_key(op)
+        v = by_key.get(key)
+        if v is None:
+            v = by_key[key] = value(op)
+        hit = memo[("op", id(op))] = (v, op)
+    return hit[0]
+
+
+SHAPE_FIELDS = ("prefill_tokens", "prefill_seqs", "decode_seqs", "decode_tokens", "samples",
+                "padded_prompts")  # a StepShape's, in a row of `LaneArrays.shapes`
+
+
 @dataclass(frozen=True)
 class LaneArrays:
     """What every layout of a lane's tp reads of it, found once (`Lanes.shared`)."""
 
     lane: Any  # the pattern, kept so that no id keyed on it is reused
     comm: np.ndarray  # per segment: its step's TP calls' time
-    pairs: np.ndarray  # per segment: its step's (T, samples) number among the plan's
-    shapes: np.ndarray  # per segment: its shape's number among the plan's shapes
-    distinct_shapes: np.ndarray  # the lane's shape numbers, each once
+    volume: np.ndarray  # per segment: its step's calls' bytes (a float sum)
+    volume_sums: tuple[int, int, int]  # calls' bytes, tokens, sampled bytes over every step
+    tokens: np.ndarray  # per segment: its step's T
+    shapes: np.ndarray  # per segment: its shape, SHAPE_FIELDS
     repeats: np.ndarray
     decode: np.ndarray  # per segment: a decode-only step
     decode_only: bool  # TPOT sums decode steps alone (the schedule's not decode_in_mixed)
@@ -39,18 +96,26 @@ class LaneArrays:
     decode_at: np.ndarray  # the same four of its decode range (decode steps alone if so)
     decode_steps: np.ndarray  # per request: its decode steps (0: no TPOT)
 
+    def volume_rows(self) -> list[tuple[float, int, int, int]]:
+        """Per segment: its calls' bytes, T, sampled tokens' bytes (vLLM broadcasts an
+        int64 [S, 1] and an int32 [S + 1, 1] to every stage) and repeat."""
+        samples = self.shapes[:, 4].tolist()
+        return list(zip(self.volume.tolist(), self.tokens.tolist(),
+                        [8 * s + 4 * (s + 1) if s else 0 for s in samples],
+                        self.repeats.tolist(), strict=True))
 
-def lane_arrays(lane: Any, comm: list[float], pairs: list[int], shapes: list[int],
-                kv_tokens: int) -> LaneArrays:
-    """A lane's arrays: `comm`, `pairs`, `shapes` per segment, numbered by the caller."""
+
+def lane_arrays(lane: Any, figures: list[tuple[float, float]], kv_tokens: int) -> LaneArrays:
+    """A lane's arrays: `figures`, per segment its step's calls' (time, bytes)."""
     schedule = lane.schedule
     segments = schedule.segments
     starts = [s.start for s in segments]
+    repeats = [s.repeat for s in segments]
     decode = [s.shape.phase == Phase.DECODE for s in segments]
     decode_before, seen = [], 0  # decode steps before each segment
-    for seg, d in zip(segments, decode, strict=True):
+    for repeat, d in zip(repeats, decode, strict=True):
         decode_before.append(seen)
-        seen += seg.repeat if d else 0
+        seen += repeat if d else 0
     decode_only = not schedule.decode_in_mixed
 
     def where(step: int) -> tuple[int, int]:
@@ -89,13 +154,24 @@ def lane_arrays(lane: Any, comm: list[float], pairs: list[int], shapes: list[int
             decode_at.append((0, 0, 0, 0))
             decode_steps.append(0)
     requests = lane.requests
+    shapes = np.array([[getattr(s.shape, f) for f in SHAPE_FIELDS] for s in segments],
+                      dtype=np.int64).reshape(-1, len(SHAPE_FIELDS))
+    tokens = [step.tokens for step in lane.segment_steps]
+    volume = [f[1] for f in figures]
+    sampled = [8 * s.shape.samples + 4 * (s.shape.samples + 1) if s.shape.samples else 0
+               for s in segments]
+    # Whole numbers of bytes, summed exactly (Python ints): lanes_volume's fast path.
+    sums = (sum(int(v) * r for v, r in zip(volume, repeats, strict=True)),
+            sum(t * r for t, r in zip(tokens, repeats, strict=True)),
+            sum(b * r for b, r in zip(sampled, repeats, strict=True)))
     return LaneArrays(
-        lane, np.array(comm, dtype=np.float64), np.array(pairs, dtype=np.int64),
-        np.array(shapes, dtype=np.int64), np.array(sorted(set(shapes)), dtype=np.int64),
-        np.array([s.repeat for s in segments], dtype=np.int64), np.array(decode, dtype=bool),
-        decode_only, sum(r.prompt + r.output / 2 for r in requests) / len(requests),
-        kv_tokens, np.array(prefill, dtype=np.int64).reshape(-1, 4),
-        np.array(prefill_steps, dtype=np.int64), np.array(decode_at, dtype=np.int64).reshape(-1, 4),
+        lane, np.array([f[0] for f in figures], dtype=np.float64),
+        np.array(volume, dtype=np.float64), sums, np.array(tokens, dtype=np.int64),
+        shapes, np.array(repeats, dtype=np.int64), np.array(decode, dtype=bool), decode_only,
+        sum(r.prompt + r.output / 2 for r in requests) / len(requests), kv_tokens,
+        np.array(prefill, dtype=np.int64).reshape(-1, 4),
+        np.array(prefill_steps, dtype=np.int64),
+        np.array(decode_at, dtype=np.int64).reshape(-1, 4),
         np.array(decode_steps, dtype=np.int64))
 
 
@@ -103,46 +179,50 @@ class Block:
     """A layout's lanes stacked, a row each (in the order first given: a layout's own order
     is `rows`), segments padded to the longest lane's with 0 repeats."""
 
-    def __init__(self, lanes: list[LaneArrays], floor_args: list[tuple[int, float, int]],
-                 ) -> None:
-        """`floor_args`: by shape number, its prefill tokens, causal pairs and decoding
-        sequences (compute.step_floors' arguments)."""
+    def __init__(self, lanes: list[LaneArrays]) -> None:
         self.lanes = lanes
-        self.prefill_tokens = np.array([a[0] for a in floor_args], dtype=np.int64)
-        self.prefill_pairs = np.array([a[1] for a in floor_args], dtype=np.float64)
-        self.decode_seqs = np.array([a[2] for a in floor_args], dtype=np.int64)
         self.row_of = {id(a.lane): r for r, a in enumerate(lanes)}
         count, width = len(lanes), max(len(a.repeats) for a in lanes)
         self.width = width
+        lengths = [len(a.repeats) for a in lanes]
+        seg_row = np.repeat(np.arange(count), lengths)  # each real segment's row and column
+        seg_col = np.concatenate([np.arange(n) for n in lengths])
 
-        def padded(name: str, dtype: Any) -> np.ndarray:
+        def padded(values: np.ndarray, dtype: Any) -> np.ndarray:
             out = np.zeros((count, width), dtype=dtype)
-            for r, a in enumerate(lanes):
-                values = getattr(a, name)
-                out[r, :len(values)] = values
+            out[seg_row, seg_col] = values
             return out
 
-        self.comm = padded("comm", np.float64)
-        self.repeats = padded("repeats", np.int64)
-        self.decode = padded("decode", bool)
+        self.comm = padded(np.concatenate([a.comm for a in lanes]), np.float64)
+        self.repeats = padded(np.concatenate([a.repeats for a in lanes]), np.int64)
+        self.decode = padded(np.concatenate([a.decode for a in lanes]), bool)
         self.decode_only = np.array([a.decode_only for a in lanes])
-        # The (T, samples) numbers the block's steps use, and each segment's among them.
-        self.pair_numbers, inverse = np.unique(padded("pairs", np.int64), return_inverse=True)
-        self.pair_index = inverse.reshape(count, width)
+        # The (T, samples) the block's steps take, and each segment's among them.
+        fields = np.concatenate([a.shapes for a in lanes])
+        self.pairs, pair_of = np.unique(
+            np.stack([np.concatenate([a.tokens for a in lanes]), fields[:, 4]], axis=1),
+            axis=0, return_inverse=True)
+        self.pair_index = padded(pair_of.ravel(), np.int64)
+        # Compute floors' arguments by shape (as price_lanes gave them, one at a time):
+        # prompt tokens, their causal pairs (chunks of tokens / seqs each), decode tokens.
+        shapes, shape_of = np.unique(fields, axis=0, return_inverse=True)
+        shape_of = shape_of.ravel()
+        self.prefill_tokens, seqs = shapes[:, 0], shapes[:, 1]
+        chunk = np.where(seqs > 0, self.prefill_tokens / np.maximum(seqs, 1), 0.0)
+        self.prefill_pairs = np.where(seqs > 0, self.prefill_tokens * chunk / 2, 0.0)
+        self.decode_seqs = shapes[:, 2] * shapes[:, 3]
         # Floors are kept by (rounded context, shape) (workload_plan.price_lanes): each
-        # lane's distinct shapes, as keys, and each segment's key.
+        # lane's distinct shapes are entries, and each segment has its key.
+        n = len(shapes)
         self.context = np.array([a.context for a in lanes], dtype=np.float64)
         rounded = np.array([round(a.context) for a in lanes], dtype=np.int64)
-        key_lane = np.repeat(np.arange(count), [len(a.distinct_shapes) for a in lanes])
-        key_shape = np.concatenate([a.distinct_shapes for a in lanes])
-        span = int(key_shape.max()) + 1
-        keys, self.key_of_entry = np.unique(rounded[key_lane] * span + key_shape,
+        entries = np.unique(seg_row * n + shape_of)
+        self.entry_lane, self.entry_shape = entries // n, entries % n
+        keys, self.key_of_entry = np.unique(rounded[self.entry_lane] * n + self.entry_shape,
                                             return_inverse=True)
-        self.entry_lane, self.entry_shape = key_lane, key_shape
-        self.keys = len(keys)
-        shapes = padded("shapes", np.int64)  # a padded segment's key is any: it repeats 0 times
-        self.segment_key = np.minimum(np.searchsorted(keys, rounded[:, None] * span + shapes),
-                                      len(keys) - 1)
+        self.key_of_entry = self.key_of_entry.ravel()
+        self.segment_key = padded(np.searchsorted(keys, rounded[seg_row] * n + shape_of),
+                                  np.int64)
         # Requests: their lane's row and their ranges as flat indices into the row-major
         # (count, width) per-step table and the (count, width + 1) running sums.
         row = np.repeat(np.arange(count), [len(a.prefill_steps) for a in lanes])

@@ -30,7 +30,7 @@ from typing import Any
 
 from microbench.analysis.costs import Costs
 from microbench.analysis.fits import Topology, fit_for, stand_in_note
-from microbench.analysis.lane_arrays import Block, LaneArrays, lane_arrays, p90
+from microbench.analysis.lane_arrays import Block, LaneArrays, lane_arrays, p90, step_sums
 from microbench.sweep.busbw import SweepOp
 from patterns import ConfigError, Layout, ModelConfig, Pattern
 from patterns.dtypes import DTYPE_BYTES
@@ -99,50 +99,6 @@ def lanes_of(make_lane: Any, model: ModelConfig, layout: Layout, requests: list[
     return Lanes(layout, model, tuple(lanes), routing, {} if shared is None else shared)
 
 
-def _op_key(op: Any) -> tuple[Any, ...]:
-    """What a call's cost and volume follow from: its ops differ by tag alone layer to layer."""
-    return (op.kind, op.group, op.group_size, op.shape, op.out_shape, op.dtype, op.transport,
-            op.counts)
-
-
-def _step_sum(ops: tuple[Any, ...], memo: dict[Any, Any], by_key: dict[Any, float],
-              value: Any) -> float:
-    """`value(op)` summed over a step's calls in their order, as `own += value(op)` would:
-    steps that share every call but the last (one forward, its logits rows apart) share the
-    sum of those, and a call object is keyed once. `memo` holds what it keys by id, with
-    the objects, so no id is reused while it is kept."""
-    hit = memo.get(id(ops))
-    if hit is not None:
-        return hit[0]
-    ids = tuple(map(id, ops[:-1]))
-    prefix = memo.get(ids)
-    if prefix is None:
-        # A layer's calls repeat as a few objects (profile.forward's untagged): each valued
-        # once.
-        unique = dict(zip(ids, ops[:-1], strict=True))
-        values = {i: _call_value(op, memo, by_key, value) for i, op in unique.items()}
-        total = 0.0
-        for i in ids:
-            total += values[i]
-        prefix = memo[ids] = (total, ops)
-    total = prefix[0]
-    if ops:
-        total += _call_value(ops[-1], memo, by_key, value)
-    memo[id(ops)] = (total, ops)
-    return total
-
-
-def _call_value(op: Any, memo: dict[Any, Any], by_key: dict[Any, float], value: Any) -> float:
-    hit = memo.get(("op", id(op)))
-    if hit is None:
-        key = _op_key(op)
-        v = by_key.get(key)
-        if v is None:
-            v = by_key[key] = value(op)
-        hit = memo[("op", id(op))] = (v, op)
-    return hit[0]
-
-
 class _Stages:
     """What pp > 1 adds to one step of T tokens sampling S (module doc), the fits of each
     hop and of the broadcast looked up once per layout."""
@@ -198,32 +154,18 @@ def _times_us(fit: Any, sizes: Any) -> Any:
     return many(sizes) if many is not None else np.array([fit.time_us(x) for x in sizes])
 
 
-def _lane(lane: Any, shared: dict[Any, Any], price: Any) -> LaneArrays:
-    """A lane's arrays (lane_arrays.py), its steps priced once for every layout of its tp:
-    each distinct step tuple once a lane, and once a tp (`price`'s memo)."""
+def _lane(lane: Any, shared: dict[Any, Any], value: Any) -> LaneArrays:
+    """A lane's arrays (lane_arrays.py), its steps' (time, bytes) summed once for every
+    layout of its tp: each distinct step tuple once a lane, and once a tp (`value(ops)`'s
+    memo)."""
     key = ("lane", id(lane))
     hit = shared.get(key)
     if hit is None:
         from microbench.analysis.workload import kv_tokens
-        segments, steps = lane.schedule.segments, lane.segment_steps
-        numbers = shared.setdefault("shapes", {})
-        floor_args = shared.setdefault("floor args", [])  # by shape number
-        pair_numbers = shared.setdefault("pairs", {})  # (T, samples) -> number
-        shapes = []
-        for s in segments:
-            number = numbers.get(s.shape)
-            if number is None:
-                number = numbers[s.shape] = len(numbers)
-                shape = s.shape
-                chunk = shape.prefill_tokens / shape.prefill_seqs if shape.prefill_seqs else 0
-                floor_args.append((shape.prefill_tokens, shape.prefill_tokens * chunk / 2,
-                                   shape.decode_seqs * shape.decode_tokens))
-            shapes.append(number)
-        pairs = [pair_numbers.setdefault((step.tokens, s.shape.samples), len(pair_numbers))
-                 for step, s in zip(steps, segments, strict=True)]
-        own = {i: price(ops) for i, ops in {id(step.ops): step.ops for step in steps}.items()}
-        hit = shared[key] = lane_arrays(lane, [own[id(step.ops)] for step in steps], pairs,
-                                        shapes, kv_tokens(lane))
+        steps = lane.segment_steps
+        own = {i: value(ops) for i, ops in {id(step.ops): step.ops for step in steps}.items()}
+        hit = shared[key] = lane_arrays(lane, [own[id(step.ops)] for step in steps],
+                                        kv_tokens(lane))
     return hit
 
 
@@ -236,6 +178,7 @@ def price_lanes(lanes: Lanes, topology: Topology, gpu: str,
     import numpy as np
 
     from microbench.analysis.compute import step_floors
+    from patterns.volume import op_volume
     model, layout = lanes.model, lanes.layout
     dtype = lanes.workload.dtype or model.default_dtype
     stages = _Stages(lanes, topology)
@@ -245,26 +188,25 @@ def price_lanes(lanes: Lanes, topology: Topology, gpu: str,
     topology.used.add("inter" if topology.spans(list(range(tp))) else "intra")
     said = lanes.shared.setdefault(("notes", tp), set())  # what pricing its steps noted
     topology.notes |= said
-    by_call = lanes.shared.setdefault(("call", tp), {})  # a call's time by _op_key
-    steps = lanes.shared.setdefault(("comm", tp), {})  # _step_sum's memo
+    by_call = lanes.shared.setdefault(("call", tp), {})  # a call's figures by op_key
+    memo = lanes.shared.setdefault(("steps", tp), {})  # step_sums' memo
 
-    def price(ops: tuple[Any, ...]) -> float:
-        return _step_sum(ops, steps, by_call, lambda op: costs.of(0, 0, op).busy_us)
+    def call(op: Any) -> tuple[float, float]:
+        return costs.of(0, 0, op).busy_us, float(op_volume(op))
+
+    def value(ops: tuple[Any, ...]) -> tuple[float, float]:
+        return step_sums(ops, memo, by_call, call)
 
     before = set(topology.notes)
-    arrays = [_lane(lane, lanes.shared, price) for lane in lanes.lanes]
+    arrays = [_lane(lane, lanes.shared, value) for lane in lanes.lanes]
     said |= topology.notes - before  # what pricing new calls noted
     key = ("block", frozenset(id(a.lane) for a in arrays))
     block = lanes.shared.get(key)
     if block is None:  # the layouts of one tp (and routing) share their lanes
-        block = lanes.shared[key] = Block(arrays, lanes.shared["floor args"])
+        block = lanes.shared[key] = Block(arrays)
     comm = block.comm
     if stages.hops or stages.broadcast is not None:  # else the stages add nothing
-        pairs = lanes.shared["pairs"]
-        if "pair list" not in lanes.shared or len(lanes.shared["pair list"]) != len(pairs):
-            lanes.shared["pair list"] = np.array(list(pairs), dtype=np.int64).reshape(-1, 2)
-        used = lanes.shared["pair list"][block.pair_numbers]
-        comm = comm + stages.extras(used[:, 0], used[:, 1])[block.pair_index]
+        comm = comm + stages.extras(block.pairs[:, 0], block.pairs[:, 1])[block.pair_index]
     # A floor by (shape, rounded context), at the context of the first lane to ask.
     rows = np.array([block.row_of[id(a.lane)] for a in arrays])
     first, shape = block.first_asked(rows)
@@ -282,55 +224,28 @@ def price_lanes(lanes: Lanes, topology: Topology, gpu: str,
 
 def lanes_volume(lanes: Lanes) -> int:
     """Every lane's calls once, the hops' bytes (tp ranks each send both tensors) and
-    vLLM's broadcasts of the sampled tokens (counted once, as a broadcast is).
+    vLLM's broadcasts of the sampled tokens (counted once, as a broadcast is), from the
+    lanes' arrays `price_lanes` made.
 
-    Summed as integers, a lane's three totals (calls, tokens, sampled bytes) kept for every
-    layout of its tp: every term is a whole number of bytes, so below 2**53 the float sum
-    step by step was exact and this is the same number; above it, that sum is kept."""
+    Summed as integers, each lane's three totals (calls, tokens, sampled bytes) found once:
+    every term is a whole number of bytes, so below 2**53 the float sum step by step was
+    exact and this is the same number; above it, that float sum is kept."""
     layout = lanes.layout
     dtype = lanes.workload.dtype or lanes.model.default_dtype
     hop = 2 * lanes.model.hidden_size * DTYPE_BYTES[dtype] * layout.tp * (layout.pp - 1)
     broadcasts = layout.pp > 1 and lanes.lanes[0].engine == "vllm"
+    arrays = [lanes.shared[("lane", id(lane))] for lane in lanes.lanes]
     total = 0
-    for lane in lanes.lanes:
-        calls, tokens, sampled = _lane_volume(lane, lanes.shared, layout.tp)[1]
+    for a in arrays:
+        calls, tokens, sampled = a.volume_sums
         total += calls + hop * tokens + (sampled if broadcasts else 0)
     if total < 2 ** 53:
         return total
     inexact = 0.0  # the float sum, step by step, that figures were first given as
-    for lane in lanes.lanes:
-        for own, tokens, sampled, repeat in _volume_rows(lane, lanes.shared, layout.tp):
+    for a in arrays:
+        for own, tokens, sampled, repeat in a.volume_rows():
             inexact += (own + hop * tokens + (sampled if broadcasts else 0)) * repeat
     return math.ceil(inexact)
-
-
-def _volume_rows(lane: Any, shared: dict[Any, Any], tp: int) -> list[tuple[Any, ...]]:
-    """Per step of a lane: its calls' bytes (each distinct step summed once a tp), T, the
-    sampled tokens' bytes and its repeat."""
-    from patterns.volume import op_volume
-    per_step = shared.setdefault(("volume", tp), {})
-    by_call = shared.setdefault(("call volume", tp), {})
-    steps = lane.segment_steps
-    own = {i: _step_sum(ops, per_step, by_call, lambda op: float(op_volume(op)))
-           for i, ops in {id(step.ops): step.ops for step in steps}.items()}
-    return [(own[id(step.ops)], step.tokens, 8 * s.shape.samples + 4 * (s.shape.samples + 1)
-             if s.shape.samples else 0, s.repeat)
-            for step, s in zip(steps, lane.schedule.segments, strict=True)]
-
-
-def _lane_volume(lane: Any, shared: dict[Any, Any], tp: int) -> tuple[Any, ...]:
-    """(lane, its calls' bytes, tokens and sampled bytes summed over its steps), kept for
-    every layout of its tp."""
-    key = ("lane volume", id(lane))
-    hit = shared.get(key)
-    if hit is None:
-        sums = [0, 0, 0]
-        for calls, tokens, sampled, repeat in _volume_rows(lane, shared, tp):
-            sums[0] += int(calls) * repeat
-            sums[1] += tokens * repeat
-            sums[2] += sampled * repeat
-        hit = shared[key] = (lane, tuple(sums))
-    return hit
 
 
 def is_lanes(pattern: Pattern | Lanes) -> bool:
