@@ -3,9 +3,9 @@ gives under the engine's own rules (transports included), run-length folded.
 
 Each distinct step shape is turned into calls once (`functools.cache` on the shape), so the
 cost of a pattern is that of its distinct shapes and segments, not of its steps.
-Only one engine replica is modelled (dp 1) and pp 1: vLLM and SGLang keep pp batches in
-flight at once under pipeline parallelism (vLLM's batch queue), which a lock-step
-step list does not describe.
+Only one engine replica is modelled (dp 1), and pp 1 but for vLLM's synchronous scheduler,
+whose queue of pp batches in flight `patterns/engines/vllm/pp_scheduler.py` simulates: each
+stage's calls of an issued batch are one step of that stage's runs.
 """
 
 from collections.abc import Callable, Sequence
@@ -56,7 +56,7 @@ def check_workload_layout(engine: str, layout: Layout, flag: str = "--requests")
     if engine not in WORKLOAD_ENGINES:
         raise ConfigError(f"{flag} with engine {engine}: "
                           f"{NOT_MODELLED.get(engine, 'not modelled; use vllm or sglang')}")
-    if layout.pp > 1 or layout.dp > 1:
+    if (layout.pp > 1 and engine != "vllm") or layout.dp > 1:
         raise ConfigError(f"{flag} models one engine replica at pp 1 (here pp({layout.pp}),"
                           f" dp({layout.dp})): engines keep several batches in flight under PP "
                           "and route requests between DP replicas; use --pp 1 --dp 1")
@@ -79,28 +79,32 @@ def build_pattern(engine: str, model: ModelConfig, layout: Layout, requests: Seq
     workload = shell_workload(requests, dtype or model.default_dtype)
     _check_options(ENGINE_INFO[engine], options)
     from patterns.shapes import stage_layer_counts
-    st = stages(model, layout, workload, options,
-                stage_layer_counts(model.num_hidden_layers, layout.pp))[0]
+    sts = stages(model, layout, workload, options,
+                 stage_layer_counts(model.num_hidden_layers, layout.pp))
 
     @cache
-    def of(shape: StepShape) -> tuple[StepGraph, tuple[Op, ...]]:
-        graph, ops = step_ops(st, shape)
+    def of(index: int, shape: StepShape) -> tuple[StepGraph, tuple[Op, ...]]:
+        graph, ops = step_ops(sts[index], shape)
         return graph, tuple(ops)  # a tuple given is kept, shared with other patterns
 
-    runs: list[Run] = []
+    per_stage: list[tuple[Run, ...]] = []
     graphs: list[StepGraph] = []
     steps: list[Step] = []
-    for seg in schedule.segments:
-        graph, ops = of(seg.shape)
-        graphs.append(graph)
-        step = Step(ops, graph.tokens, seg.shape.samples)
-        steps.append(step)
-        if runs and runs[-1].phase == seg.shape.phase and runs[-1].step == step:
-            runs[-1] = Run(seg.shape.phase, step, runs[-1].repeat + seg.repeat)
-        else:
-            runs.append(Run(seg.shape.phase, step, seg.repeat))
+    for index in range(len(sts)):  # the stages step together: one issued batch, a step each
+        runs: list[Run] = []
+        for seg in schedule.segments:
+            graph, ops = of(index, seg.shape)
+            step = Step(ops, graph.tokens, seg.shape.samples)
+            if index == 0:
+                graphs.append(graph)
+                steps.append(step)
+            if runs and runs[-1].phase == seg.shape.phase and runs[-1].step == step:
+                runs[-1] = Run(seg.shape.phase, step, runs[-1].repeat + seg.repeat)
+            else:
+                runs.append(Run(seg.shape.phase, step, seg.repeat))
+        per_stage.append(tuple(runs))
     return WorkloadPattern(engine=engine, model=model, layout=layout, workload=workload,
-                           options=options, stages=(tuple(runs),), schedule=schedule,
+                           options=options, stages=tuple(per_stage), schedule=schedule,
                            requests=tuple(requests), source=source,
                            step_graphs=tuple(graphs), segment_steps=tuple(steps), spec=spec)
 

@@ -11,10 +11,12 @@ from functools import lru_cache
 from typing import Any
 
 from patterns.engines.vllm import profile as vllm_profile
+from patterns.engines.vllm.pp_scheduler import schedule_vllm_pp
 from patterns.engines.vllm.rules import v1_capture_sizes, v1_defaults
 from patterns.engines.vllm.scheduler import schedule_vllm
 from patterns.engines.vllm.speculative import drafter_ops, spec_capture_sizes
 from patterns.engines.vllm.speculative_v2 import drafter_ops_v2, v2_graphs
+from patterns.errors import ConfigError
 from patterns.layout import Layout, Workload
 from patterns.models import ModelConfig
 from patterns.ops import Op
@@ -67,8 +69,12 @@ def vllm_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request
     v2 = (v2_graphs(max_seqs, budget, k) if spec is not None and runner == "v2"
           and not options.eager else None)
     vllm_profile._check_kv_heads(model, layout.tp)
-    schedule = schedule_vllm(requests, step_time_s, max_seqs, budget, k,
-                             spec.acceptance_length if spec else 1.0, async_on)
+    if layout.pp > 1:
+        check_pipeline(requests, spec, async_on, runner)
+        schedule = schedule_vllm_pp(requests, max_seqs, budget, layout.pp)
+    else:
+        schedule = schedule_vllm(requests, step_time_s, max_seqs, budget, k,
+                                 spec.acceptance_length if spec else 1.0, async_on)
 
     def model_ops(st: Stage, tokens: int) -> tuple[Op, ...]:
         """The calls a step of T tokens makes, its logits one row (set per step below):
@@ -109,6 +115,21 @@ def vllm_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request
 
     return build_pattern("vllm", model, layout, requests, dtype, options, schedule, step_ops,
                          source, spec.method if spec else "")
+
+
+def check_pipeline(requests: Sequence[Request], spec: SpecConfig | None, async_on: bool,
+                   runner: str) -> None:
+    """A workload at pp > 1 is modelled for vLLM's synchronous scheduler under Model Runner
+    V1 (its CPU build's mode: `pp_scheduler.py`), every request arriving at the start."""
+    why = ("speculative decoding" if spec is not None else
+           "async scheduling (give --no-async-scheduling)" if async_on else
+           "Model Runner V2's sampled-token broadcasts (give --model-runner v1)"
+           if runner != "v1" else "arrivals over time" if any(r.arrival_s > 0 for r in requests)
+           else None)
+    if why:
+        raise ConfigError(f"a request workload at pp > 1 is modelled for vLLM's synchronous "
+                          f"scheduler under Model Runner V1, all requests arriving at 0; not "
+                          f"{why}")
 
 
 def padded(sizes: list[int], tokens: int, uniform_decode: bool) -> StepGraph:
