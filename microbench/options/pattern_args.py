@@ -65,6 +65,10 @@ def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True
                        help="custom all-reduce, symmetric memory and all-reduce fusions off: "
                             "every device call on NCCL (the seeds' setting; for vLLM "
                             "--disable-custom-all-reduce -O0 and VLLM_ALLREDUCE_USE_SYMM_MEM=0)")
+    group.add_argument("--pp-whole-tensors", action="store_true",
+                       help="vllm at pp > 1: each stage sends its hidden states and residual "
+                            "whole, [T, h], with no TP all-gather after the receive, as vLLM's "
+                            "CPU build does (on GPUs each TP rank sends a 1/tp slice)")
     group.add_argument("--moe-backend", choices=MOE_BACKENDS, default=None,
                        help="vllm: the MoE experts' kernel, vLLM's --moe-backend. mxfp4 "
                             "(gpt-oss): sets whether the MoE all-reduce carries the padded "
@@ -150,4 +154,5 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
                          moe_backend=args.moe_backend,
                          async_scheduling=getattr(args, "async_scheduling", None),
                          disable_overlap_schedule=getattr(args, "disable_overlap_schedule",
-                                                          False))
+                                                          False),
+                         pp_whole_tensors=getattr(args, "pp_whole_tensors", False))

