@@ -160,6 +160,10 @@ PROBES: dict[str, Case] = {
     "qwen3-tp2": Case("qwen3", dict(tensor_parallel_size=2, **SCHEDULED), (
         ONE, Workload("batch", ((6, 3),) * 2, as_batch=True), BATCH_CHUNKED, WORKLOADS[1]),
         config={"num_key_value_heads": 2}),
+    # two requests of one 200-token prompt: its first block of 128 tokens (the CPU build's
+    # block size) is cached when the first is scheduled; prefix caching is not modelled
+    "same-prompt-tp2": Case("dense", dict(tensor_parallel_size=2), (Workload(
+        "same-prompt", ((200, 2),) * 2, ids=tuple(range(1, 201)), as_batch=True),)),
 }
 
 

@@ -158,3 +158,17 @@ def test_pp_whole_tensors(tmp_path: Path) -> None:
         (OpKind.ALLGATHER, (320,))] * 2
     assert _steps(cpu, 1)[0][2] == [(OpKind.RECV, (5, 128))] * 2 + [
         (OpKind.ALLREDUCE, (5, 128))] * 2 + [(OpKind.ALLGATHER, (1, 128))]
+
+
+def test_replay_of_a_pp_workload_refused(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY))
+    requests = tmp_path / "w.jsonl"
+    requests.write_text('{"arrival_s": 0, "prompt": 10, "output": 2}\n')
+    proc = subprocess.run([sys.executable, "-m", "microbench", "replay", "--model", str(config),
+                           "--pp", "2", "--requests", str(requests), "--no-async-scheduling",
+                           "--model-runner", "v1"], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert "replay --requests runs at --pp 1" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

@@ -73,6 +73,11 @@ def workload_from_args(args: argparse.Namespace, options: EngineOptions) -> "Wor
         from dataclasses import replace
         model = replace(model, name=args.name)
     layout = Layout(tp=args.tp, pp=args.pp, dp=args.dp, ep=args.ep)
+    if layout.pp > 1 and getattr(args, "command", None) not in ("pattern", "validate", None):
+        # vLLM's batch queue at pp > 1 (patterns/engines/vllm/pp_scheduler.py): a pattern
+        # to show and check; replay and predict time a workload's steps at pp 1
+        raise UsageError(f"{args.command} --requests runs at --pp 1; `infercomm pattern` and "
+                         "`validate` take a vLLM workload at --pp > 1")
     step_time_s = None if args.step_time_ms is None else args.step_time_ms / 1e3
     if step_time_s is not None and step_time_s * 1e6 < 1:  # 1e-320 ms: 1e-323 s, denormal
         raise UsageError(f"--step-time-ms {args.step_time_ms:.3g}: an engine step takes at "
