@@ -174,3 +174,13 @@ def test_lanes_volume_is_the_step_by_step_sum():
         key = ("lane", id(pattern))
         lanes.shared[key] = replace(lanes.shared[key], volume_sums=(2 ** 53, 0, 0))
     assert lanes_volume(lanes) == expected
+
+
+def test_unique_rows_numbers_each_row_by_its_distinct_row():
+    from microbench.analysis.lane_arrays import unique_rows
+    table = np.array([[3, 1], [0, 7], [3, 1], [2, 2], [0, 7]])
+    huge = table * (1 << 40)  # ranges too wide for one int64 key: np.unique(axis=0)
+    for t in (table, huge):
+        rows, number = unique_rows(t)
+        assert len(rows) == 3  # (3, 1), (0, 7), (2, 2)
+        assert (rows[number] == t).all()

@@ -83,9 +83,10 @@ def build_pattern(engine: str, model: ModelConfig, layout: Layout, requests: Seq
                  stage_layer_counts(model.num_hidden_layers, layout.pp))
 
     @cache
-    def of(index: int, shape: StepShape) -> tuple[StepGraph, tuple[Op, ...]]:
+    def of(index: int, shape: StepShape) -> tuple[StepGraph, Step]:
         graph, ops = step_ops(sts[index], shape)
-        return graph, tuple(ops)  # a tuple given is kept, shared with other patterns
+        # a tuple given is kept, shared with other patterns; one Step a stage and shape
+        return graph, Step(tuple(ops), graph.tokens, shape.samples)
 
     per_stage: list[tuple[Run, ...]] = []
     graphs: list[StepGraph] = []
@@ -93,8 +94,7 @@ def build_pattern(engine: str, model: ModelConfig, layout: Layout, requests: Seq
     for index in range(len(sts)):  # the stages step together: one issued batch, a step each
         runs: list[Run] = []
         for seg in schedule.segments:
-            graph, ops = of(index, seg.shape)
-            step = Step(ops, graph.tokens, seg.shape.samples)
+            graph, step = of(index, seg.shape)
             if index == 0:
                 graphs.append(graph)
                 steps.append(step)

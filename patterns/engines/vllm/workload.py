@@ -29,23 +29,35 @@ from patterns.workload.steps import StepGraph, WorkloadPattern, build_pattern, l
 
 
 @lru_cache(maxsize=4096)
-def _forward_ops(st: Stage, tokens: int, untagged: bool = False) -> tuple[Op, ...]:
-    return tuple(vllm_profile.forward(st, tokens, 1, untagged=untagged))
+def _forward_ops(st: Stage, tokens: int) -> tuple[Op, ...]:
+    return tuple(vllm_profile.forward(st, tokens, 1))
 
 
 @lru_cache(maxsize=64)
-def _untagged_steps(st: Stage) -> dict[tuple[int, int], tuple[Op, ...]]:
-    """A stage's `_untagged_step`s by (T, logits rows), kept for every pattern of it."""
-    return {}
+def _untagged_steps(st: Stage) -> tuple[dict[Any, tuple[Op, ...]], dict[int, tuple[Op, ...]],
+                                        dict[Any, Op]]:
+    """A stage's `_untagged_step`s by (T, logits rows), and what they are made of: its
+    untagged forwards by T and its logits calls by rows, kept for every pattern of it (a
+    stage hashed once a pattern, not once a step)."""
+    return {}, {}, {}
 
 
-def _untagged_step(st: Stage, tokens: int, rows: int) -> tuple[Op, ...]:
+def _untagged_step(st: Stage, tokens: int, rows: int,
+                   made: tuple[dict[Any, Any], dict[int, Any], dict[Any, Op]]) -> tuple[Op, ...]:
     """One step's calls for pricing (`forward`'s `untagged`), its logits `rows` rows: one
     tuple for every lane and layout of this stage, so plan prices it once."""
-    ops = _forward_ops(st, tokens, True)
+    _, forwards, logits = made
+    ops = forwards.get(tokens)
+    if ops is None:
+        ops = forwards[tokens] = tuple(vllm_profile.forward(st, tokens, 1, untagged=True))
     if ops and ops[-1].tag == "logits":
-        shard = ops[-1].shape[1]
-        return (*ops[:-1], replace(ops[-1], shape=(rows, shard), out_shape=(rows, shard * st.tp)))
+        key = (rows, ops[-1])  # by the call's value: a forward's logits call is alike at any T
+        last = logits.get(key)
+        if last is None:
+            shard = ops[-1].shape[1]
+            last = logits[key] = replace(ops[-1], shape=(rows, shard),
+                                         out_shape=(rows, shard * st.tp))
+        return (*ops[:-1], last)
     return ops
 
 
@@ -97,11 +109,11 @@ def vllm_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request
             if keyed.get(id(st), (None,))[0] is not st:  # one stage a pattern: keyed once
                 key = replace(st, workload=Workload(1, 1, dtype=st.dtype))
                 keyed[id(st)] = (st, key, _untagged_steps(key))
-            _, key, built = keyed[id(st)]
+            _, key, made = keyed[id(st)]
             at = (graph.tokens, logit_rows(shape))
-            ops = built.get(at)
+            ops = made[0].get(at)
             if ops is None:
-                ops = built[at] = _untagged_step(key, *at)
+                ops = made[0][at] = _untagged_step(key, *at, made)
             return graph, ops
         ops = list(model_ops(st, graph.tokens))
         if ops and ops[-1].tag == "logits":  # R rows: every scheduled request's (verify) rows
