@@ -44,11 +44,11 @@ def step_sums(ops: tuple[Any, ...], memo: dict[Any, Any], by_key: dict[Any, Any]
     if prefix is None or prefix[1] != head:
         # A layer's calls repeat as a few objects (profile.forward's untagged): each valued
         # once, then added in call order.
+        ids = list(map(id, head))
         values = {i: _call_value(op, memo, by_key, value)
-                  for i, op in {id(op): op for op in head}.items()}
+                  for i, op in dict(zip(ids, head, strict=True)).items()}
         time = size = 0.0
-        for i in map(id, head):
-            t, b = values[i]
+        for t, b in map(values.__getitem__, ids):
             time += t
             size += b
         prefix = memo[key] = ((time, size), head)
