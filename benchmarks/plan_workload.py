@@ -8,9 +8,13 @@ its wall time, the layouts priced and, as its last line, one JSON object. Each l
 requests are routed to its dp x pp lanes and each lane is scheduled at pp 1
 (analysis/workload_plan.py); layouts of one tp and one dp x pp share their lanes.
 
-Measured on the 2-core VM at load 1.0 (2026-11-25, commit 59be043): 10,000 requests 9.0 s
-(9.2 s of CPU, 754 MB RSS); 1,000 requests 2.1 s, where the code before the speed work
-(0a78650) took 10.2 s (and 10,000 did not finish in 14 minutes under load).
+Measured on the 2-core VM (2026-11-25, Python 3.11.7), the code before the second round of
+speed work (ecf496d) and after it (6e1f9ed) run alternately, three times each, at load 1.8-2.1
+(another job on the machine): 10,000 requests 9.5-9.6 s of CPU before, 4.05-4.14 s after
+(wall 3.9-4.0 s, 6.2 s once when the other job took the core; before 9.5-14.5 s), peak RSS
+754 -> 469 MB, the `plan --format json` output byte for byte the same. CPU time is the fair
+figure on a shared machine: the wall time follows the load. The first round (59be043) had
+brought 10,000 requests from over 14 minutes to 9.2 s of CPU.
 """
 
 import argparse
