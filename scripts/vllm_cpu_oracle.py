@@ -160,6 +160,16 @@ PROBES: dict[str, Case] = {
     "qwen3-tp2": Case("qwen3", dict(tensor_parallel_size=2, **SCHEDULED), (
         ONE, Workload("batch", ((6, 3),) * 2, as_batch=True), BATCH_CHUNKED, WORKLOADS[1]),
         config={"num_key_value_heads": 2}),
+    # DeepSeek-V2 MLA: the CPU build's MLA kernel (amx_mla) takes heads of 576 (a latent
+    # of 512 + a rotary part of 64) and bf16 weights alone
+    "mla-tp2": Case("mla", dict(tensor_parallel_size=2, **SCHEDULED, dtype="bfloat16"),
+                    (ONE, WORKLOADS[0])),
+    # experts whole on each rank (expert parallelism over the TP group, no DP)
+    "moe-ep-tp2": Case("moe", dict(tensor_parallel_size=2, enable_expert_parallel=True,
+                                   **SCHEDULED), (ONE, WORKLOADS[0]), validate=("--ep",)),
+    # a vocabulary of 300, padded to 320 (a multiple of 64), tied to the embedding
+    "odd-vocab-tp2": Case("dense", dict(tensor_parallel_size=2, **SCHEDULED), (
+        ONE, WORKLOADS[2]), config={"vocab_size": 300, "tie_word_embeddings": True}),
     # two requests of one 200-token prompt: its first block of 128 tokens (the CPU build's
     # block size) is cached when the first is scheduled; prefix caching is not modelled
     "same-prompt-tp2": Case("dense", dict(tensor_parallel_size=2), (Workload(
@@ -204,12 +214,24 @@ def write_model(kind: str, path: Path, extra: dict | None = None) -> None:
     """A random-weight checkpoint of the kind, from its config (transformers in this venv);
     `extra`: config keys beyond COMMON (fewer KV heads, tied embeddings)."""
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config, Qwen3MoeConfig
+    from transformers import (
+        AutoModelForCausalLM,
+        DeepseekV2Config,
+        LlamaConfig,
+        Qwen3Config,
+        Qwen3MoeConfig,
+    )
     torch.manual_seed(0)
     keys = {**COMMON, **(extra or {})}
     config = (Qwen3MoeConfig(**keys, moe_intermediate_size=64, num_experts=8,
                              num_experts_per_tok=2, norm_topk_prob=True) if kind == "moe"
               else Qwen3Config(**keys) if kind == "qwen3" else LlamaConfig(**keys))
+    if kind == "mla":  # DeepSeek-V2: MLA attention, a dense first layer, then MoE layers
+        config = DeepseekV2Config(**keys, moe_intermediate_size=64, n_routed_experts=8,
+                                  n_shared_experts=1, num_experts_per_tok=2,
+                                  first_k_dense_replace=1, kv_lora_rank=512, q_lora_rank=None,
+                                  qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32,
+                                  topk_method="greedy", n_group=1, topk_group=1)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     if kind == "zero-head":
         with torch.no_grad():
@@ -238,8 +260,11 @@ def write_eagle_head(path: Path) -> None:
     save_file(weights, str(path / "model.safetensors"))
 
 
-def serve(case: Case, model: Path, out: Path) -> dict[str, list[str]]:
-    """Profile each workload of the case on one engine; {workload: its trace files}."""
+def serve(case: Case, model: Path, out: Path) -> tuple[dict[str, list[str]], dict[str, int]]:
+    """Profile each workload of the case on one engine; {workload: its trace files}, and
+    the scheduler's limits as the engine set them (the CPU build's defaults, 4096 tokens
+    and 256 sequences a worker, and for MLA models a budget of at least the model length:
+    vllm/engine/arg_utils.py, vllm/platforms/cpu.py)."""
     from vllm import LLM, SamplingParams
     raw = out / "profiler"
     engine = dict(model=str(model), dtype="float32", skip_tokenizer_init=True,
@@ -257,6 +282,9 @@ def serve(case: Case, model: Path, out: Path) -> dict[str, list[str]]:
         settings["speculative_config"] = {**settings["speculative_config"],
                                           "model": str(out / "eagle-head")}
     llm = LLM(**settings)
+    config = llm.llm_engine.vllm_config.scheduler_config
+    limits = {"max_num_batched_tokens": config.max_num_batched_tokens,
+              "max_num_seqs": config.max_num_seqs}
     traces = {}
     for workload in case.workloads:
         prompts, params = [], []
@@ -276,10 +304,11 @@ def serve(case: Case, model: Path, out: Path) -> dict[str, list[str]]:
             trace.rename(folder / trace.name)
         traces[workload.name] = sorted(str(p) for p in folder.iterdir())
     llm.llm_engine.engine_core.shutdown()  # the workers end now, not at interpreter exit
-    return traces
+    return traces, limits
 
 
-def validate_args(case: Case, workload: Workload, out: Path, traces: list[str]) -> list[str]:
+def validate_args(case: Case, workload: Workload, out: Path, traces: list[str],
+                  limits: dict[str, int]) -> list[str]:
     """`infercomm validate` of one workload's traces: the engine's settings as pattern
     options. vLLM's CPU build schedules synchronously (vllm/platforms/cpu.py turns async
     scheduling off), captures no CUDA graph, runs Model Runner V1 (vllm/config/vllm.py:
@@ -288,14 +317,14 @@ def validate_args(case: Case, workload: Workload, out: Path, traces: list[str]) 
     (vllm/distributed/parallel_state.py: use_cpu_custom_send_recv); the model ran in fp32."""
     args = ["validate", "--trace", *traces, "--model", str(out / "model" / "config.json"),
             "--tp", str(case.engine.get("tensor_parallel_size", 1)),
-            "--pp", str(case.engine.get("pipeline_parallel_size", 1)), "--dtype", "fp32",
+            "--pp", str(case.engine.get("pipeline_parallel_size", 1)), "--dtype",
+            {"float32": "fp32", "bfloat16": "bf16"}[case.engine.get("dtype", "float32")],
             "--eager", "--no-async-scheduling", "--model-runner", "v1", *case.validate]
     if case.engine.get("pipeline_parallel_size", 1) > 1:
         args.append("--pp-whole-tensors")
     for key, flag in (("max_num_batched_tokens", "--max-batched-tokens"),
                       ("max_num_seqs", "--max-num-seqs")):
-        if key in case.engine:
-            args += [flag, str(case.engine[key])]
+        args += [flag, str(limits[key])]
     if len(workload.requests) == 1 or workload.as_batch:
         prompt, output = workload.requests[0]
         batch = ["--batch", str(len(workload.requests))] if workload.as_batch else []
@@ -323,12 +352,12 @@ def main() -> int:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", case.bind)
     start = time.monotonic()
     write_model(case.model, args.out / "model", case.config)
-    traces = serve(case, args.out / "model", args.out)
+    traces, limits = serve(case, args.out / "model", args.out)
     served = time.monotonic() - start
     doc: dict = {"case": args.case, "serve_s": round(served, 1), "workloads": {}}
     status = 0
     for workload in case.workloads:
-        argv = validate_args(case, workload, args.out, traces[workload.name])
+        argv = validate_args(case, workload, args.out, traces[workload.name], limits)
         entry = doc["workloads"][workload.name] = {"validate": argv}
         if not args.no_validate:
             # infercomm from this checkout: its patterns and readers import no third party
