@@ -137,12 +137,15 @@ EAGLE1, EAGLE3, NGRAM2 = _speculative("eagle", 1), _speculative("eagle", 3), \
 PROBES: dict[str, Case] = {
     "eagle-k1-tp2": Case("zero-head", dict(
         tensor_parallel_size=2, **SCHEDULED, speculative_config=EAGLE1[0]), (
-        Workload("one-request", ((8, 5),)), Workload("lengths", ((12, 3), (3, 5)))),
+        Workload("one-request", ((8, 5),)), Workload("lengths", ((12, 3), (3, 5))),
+        Workload("pad-spec", ((8, 5), (5, 3), (1, 3)))),
         eagle_head=True, validate=EAGLE1[1]),
     "eagle-k3-tp2": Case("zero-head", dict(
         tensor_parallel_size=2, **SCHEDULED, speculative_config=EAGLE3[0]), (
         Workload("one-request", ((8, 9),)), Workload("chunked", ((40, 5), (6, 9))),
-        Workload("queued", ((7, 5), (5, 9), (9, 5)))), eagle_head=True, validate=EAGLE3[1]),
+        Workload("queued", ((7, 5), (5, 9), (9, 5))),
+        # a 1-token prompt admitted beside a decode: vLLM pads it to 1 + k tokens
+        Workload("pad-spec", ((8, 9), (5, 5), (1, 5)))), eagle_head=True, validate=EAGLE3[1]),
     "ngram-requests-tp2": Case("zero-head", dict(
         tensor_parallel_size=2, **SCHEDULED, speculative_config=NGRAM2[0]), (
         Workload("lengths", ((12, 4), (8, 7)), zeros=5),
