@@ -9,12 +9,13 @@ requests are routed to its dp x pp lanes and each lane is scheduled at pp 1
 (analysis/workload_plan.py); layouts of one tp and one dp x pp share their lanes.
 
 Measured on the 2-core VM (2026-11-25, Python 3.11.7), the code before the second round of
-speed work (ecf496d) and after it (6e1f9ed) run alternately, three times each, at load 1.8-2.1
-(another job on the machine): 10,000 requests 9.5-9.6 s of CPU before, 4.05-4.14 s after
-(wall 3.9-4.0 s, 6.2 s once when the other job took the core; before 9.5-14.5 s), peak RSS
-754 -> 469 MB, the `plan --format json` output byte for byte the same. CPU time is the fair
-figure on a shared machine: the wall time follows the load. The first round (59be043) had
-brought 10,000 requests from over 14 minutes to 9.2 s of CPU.
+speed work (ecf496d) and after it (6e1f9ed) run alternately, three times each, with nothing
+else running (load 1.4-1.5, the benchmark's own): 10,000 requests took 9.65-9.78 s of CPU
+(9.5-9.7 s wall) before and 4.10-4.17 s of CPU (4.0-4.5 s wall) after; peak RSS 754 -> 469
+MB; the `plan --format json` output is byte for byte the same. Under load (another job at
+about 2) the CPU time held (9.5-9.6 before, 4.05-4.14 after) while the wall time rose to
+14.5 s before and 6.2 s after: CPU time is the fair figure on a shared machine. The first
+round (59be043) had brought 10,000 requests from over 14 minutes to 9.2 s of CPU.
 """
 
 import argparse
