@@ -21,7 +21,7 @@ SWEEPS = Path(__file__).resolve().parent.parent / "results" / "examples" / "plan
 REQUESTS = "poisson:rate=50,count=24,prompt=100..2000,output=4..40,seed=3"
 
 
-def _plan(model_name: str, gpus: int, untagged: bool) -> list:
+def _plan(model_name: str, gpus: int, untagged: bool, engine: str = "vllm") -> list:
     model = resolve_model(model_name)
     intra = sweep_table(load_sweep("--sweep", str(next(SWEEPS.glob("*-intra-shm")))))
     inter = sweep_table(load_sweep("--sweep-inter",
@@ -32,7 +32,7 @@ def _plan(model_name: str, gpus: int, untagged: bool) -> list:
 
     def make(layout: Layout):
         def lane(indices: list[int]):
-            return workload_pattern("vllm", model, Layout(tp=layout.tp),
+            return workload_pattern(engine, model, Layout(tp=layout.tp),
                                     [requests[i] for i in indices], None, EngineOptions(),
                                     0.03, untagged=untagged)
         return lanes_of(lane, model, layout, requests, "round-robin", 0.03,
@@ -41,13 +41,16 @@ def _plan(model_name: str, gpus: int, untagged: bool) -> list:
     return priced, refused
 
 
-@pytest.mark.parametrize("model_name", ["llama-3.1-8b", "deepseek-v3"])
-def test_untagged_plan_equals_every_layer_priced(model_name):
+@pytest.mark.parametrize("model_name,engine", [("llama-3.1-8b", "vllm"),
+                                               ("deepseek-v3", "vllm"),
+                                               ("llama-3.1-8b", "sglang")])
+def test_untagged_plan_equals_every_layer_priced(model_name, engine):
     # llama: every layer alike; deepseek-v3: 3 dense layers, then MoE ones (layer kinds).
     # Untagged and shared (what plan runs) against tagged with nothing shared between
     # layouts (each layout's steps summed call by call): every field equal, notes included.
-    fast, fast_refused = _plan(model_name, 8, True)
-    slow, slow_refused = _plan(model_name, 8, False)
+    # SGLang's untagged keeps the tags and shares each step's calls between lanes.
+    fast, fast_refused = _plan(model_name, 8, True, engine)
+    slow, slow_refused = _plan(model_name, 8, False, engine)
     assert fast and fast == slow and fast_refused == slow_refused
 
 

@@ -57,7 +57,8 @@ def workload_pattern(engine: str, model: ModelConfig, layout: Layout,
     """The pattern of a request workload under `engine`'s scheduler. `flag` names the option
     that asked for it in refusals (--requests, or --speculative-config for one batch);
     `progress`, when given, is told each phase of a large workload; `untagged`, calls for
-    pricing alone under vLLM (plan: vllm/workload.py), their tags not each layer's."""
+    pricing alone (plan): under vLLM their tags not each layer's (vllm/workload.py), under
+    SGLang each step's calls one tuple for every pattern of its stage (sglang/workload.py)."""
     if spec is not None:
         check_spec_model(spec, model, engine)
     check_workload_layout(engine, layout, flag)
@@ -75,7 +76,7 @@ def workload_pattern(engine: str, model: ModelConfig, layout: Layout,
                                 source, untagged)
     else:
         pattern = sglang_workload(model, layout, requests, dtype, options, step_time_s, spec,
-                                  source, mixed_chunk)
+                                  source, mixed_chunk, untagged)
     if progress is not None:
         assert pattern.schedule is not None
         progress(f"scheduled: {pattern.schedule.steps:,} steps; each request's figures next")
