@@ -130,8 +130,7 @@ def _speculative(method: str, k: int) -> tuple[dict, tuple[str, ...]]:
 
 PP = dict(pipeline_parallel_size=2, enforce_eager=False,  # dense-pp2's settings
           compilation_config={"mode": 2, "backend": "eager"})
-EAGLE1, EAGLE3, NGRAM2 = _speculative("eagle", 1), _speculative("eagle", 3), \
-    _speculative("ngram", 2)
+EAGLE1, EAGLE3, NGRAM2 = (_speculative(m, k) for m, k in (("eagle", 1), ("eagle", 3), ("ngram", 2)))
 # Combinations the cases above leave out, run by hand (docs/real-engine.md lists them).
 # Outputs are 1 + n (1 + k): every verify step yields 1 + k tokens.
 PROBES: dict[str, Case] = {
@@ -173,6 +172,13 @@ PROBES: dict[str, Case] = {
     # a vocabulary of 300, padded to 320 (a multiple of 64), tied to the embedding
     "odd-vocab-tp2": Case("dense", dict(tensor_parallel_size=2, **SCHEDULED), (
         ONE, WORKLOADS[2]), config={"vocab_size": 300, "tie_word_embeddings": True}),
+    "qwen2moe-tp2": Case("qwen2moe", dict(tensor_parallel_size=2, **SCHEDULED),
+                         (ONE, WORKLOADS[0])),
+    "mixtral-tp2": Case("mixtral", dict(tensor_parallel_size=2, **SCHEDULED), (ONE,)),
+    "gemma3-tp2": Case("gemma3", dict(tensor_parallel_size=2, **SCHEDULED), (ONE,)),
+    # 3 layers over 2 stages: which stage takes the odd one (distributed/utils.py)
+    "pp2-tp2-3layers": Case("dense", dict(**PP, tensor_parallel_size=2, **SCHEDULED), (ONE,),
+                            bind="0|0|1|1", config={"num_hidden_layers": 3}),
     # two requests of one 200-token prompt: its first block of 128 tokens (the CPU build's
     # block size) is cached when the first is scheduled; prefix caching is not modelled
     "same-prompt-tp2": Case("dense", dict(tensor_parallel_size=2), (Workload(
@@ -213,29 +219,34 @@ def serve_nixl(name: str, out: Path, check: bool) -> int:
     return status
 
 
+# Each kind's transformers config and its keys beyond COMMON ("dense", "zero-head": Llama).
+MOE = dict(moe_intermediate_size=64, num_experts_per_tok=2)
+KINDS: dict[str, tuple[str, dict]] = {
+    "moe": ("Qwen3MoeConfig", dict(**MOE, num_experts=8, norm_topk_prob=True)),
+    "qwen3": ("Qwen3Config", {}),
+    # DeepSeek-V2: MLA attention, a dense first layer, then MoE layers with a shared expert
+    "mla": ("DeepseekV2Config", dict(**MOE, n_routed_experts=8, n_shared_experts=1,
+                                     first_k_dense_replace=1, kv_lora_rank=512,
+                                     q_lora_rank=None, qk_rope_head_dim=64, qk_nope_head_dim=32,
+                                     v_head_dim=32, topk_method="greedy", n_group=1,
+                                     topk_group=1)),
+    # a shared expert beside the routed ones, gated (reduce_results=False in vLLM)
+    "qwen2moe": ("Qwen2MoeConfig", dict(**MOE, num_experts=8,
+                                        shared_expert_intermediate_size=128)),
+    "mixtral": ("MixtralConfig", dict(num_local_experts=8, num_experts_per_tok=2)),
+    "gemma3": ("Gemma3TextConfig", {}),
+}
+
+
 def write_model(kind: str, path: Path, extra: dict | None = None) -> None:
     """A random-weight checkpoint of the kind, from its config (transformers in this venv);
     `extra`: config keys beyond COMMON (fewer KV heads, tied embeddings)."""
     import torch
-    from transformers import (
-        AutoModelForCausalLM,
-        DeepseekV2Config,
-        LlamaConfig,
-        Qwen3Config,
-        Qwen3MoeConfig,
-    )
+    import transformers
     torch.manual_seed(0)
-    keys = {**COMMON, **(extra or {})}
-    config = (Qwen3MoeConfig(**keys, moe_intermediate_size=64, num_experts=8,
-                             num_experts_per_tok=2, norm_topk_prob=True) if kind == "moe"
-              else Qwen3Config(**keys) if kind == "qwen3" else LlamaConfig(**keys))
-    if kind == "mla":  # DeepSeek-V2: MLA attention, a dense first layer, then MoE layers
-        config = DeepseekV2Config(**keys, moe_intermediate_size=64, n_routed_experts=8,
-                                  n_shared_experts=1, num_experts_per_tok=2,
-                                  first_k_dense_replace=1, kv_lora_rank=512, q_lora_rank=None,
-                                  qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32,
-                                  topk_method="greedy", n_group=1, topk_group=1)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    name, more = KINDS.get(kind, ("LlamaConfig", {}))
+    config = getattr(transformers, name)(**{**COMMON, **(extra or {}), **more})
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     if kind == "zero-head":
         with torch.no_grad():
             model.lm_head.weight.zero_()  # every logit 0: greedy sampling picks token 0
