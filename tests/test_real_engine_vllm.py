@@ -220,6 +220,10 @@ def test_dense_pp2_tp2_sends_whole_tensors(served) -> None:
     assert ["0", "prefill", "send", "640", "unknown", "?", "2", "2", "equal"] in rows  # 5x128
     assert ["3", "decode", "recv", "128", "unknown", "?", "4", "4", "equal"] in rows
     assert ["3", "decode", "allgather", "128", "fp32", "2", "2", "2", "equal"] in rows
+    # steps are counted on the last stage, the one that gathers logits: stage 0's ranks
+    # (no gather) once printed "the trace 0 ..., the pattern 3" beside it
+    assert ("steps (a step ends at the logits gather): the trace 3 from the inference's "
+            "start, the pattern 3\n") in out
     # vLLM on GPUs sends each TP rank's half, 320, and all-gathers it after the receive
     argv = [a for a in doc["workloads"]["one-request"]["validate"] if a != "--pp-whole-tensors"]
     proc = _validate(argv)

@@ -195,9 +195,10 @@ def _compare_rank(trace: Trace, rank: RankCalls, pattern: Pattern, p2p: set[str]
     shapes = _step_shapes(pattern)
     ends = [e for e in expected if e.tag == "logits"]
     step_end = ends[0].call if ends else None
-    result.steps[rank.rank] = (
-        _trace_steps(trace, rank, start, step_end, _ends_per_step(expected, step_end)),
-        expected[-1].step + 1 if expected else 0)
+    if step_end is not None:  # a stage before the last gathers no logits: no step ends seen
+        result.steps[rank.rank] = (
+            _trace_steps(trace, rank, start, step_end, _ends_per_step(expected, step_end)),
+            expected[-1].step + 1)
 
     def where(want: _Expected) -> str:
         shape = f": {shapes[want.step]}" if want.step < len(shapes) else ""
