@@ -29,6 +29,8 @@ OPTION_FLAGS: dict[str, str] = {
     "async_scheduling": "--async-scheduling / --no-async-scheduling",
     "disable_overlap_schedule": "--disable-overlap-schedule",
     "pp_whole_tensors": "--pp-whole-tensors",
+    "prefix_caching": "--prefix-caching / --no-prefix-caching",
+    "kv_block_size": "--kv-block-size",
 }
 
 

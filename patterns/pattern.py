@@ -45,6 +45,11 @@ class EngineOptions:
     disable_overlap_schedule: bool = False
     # vLLM's CPU build: a PP stage's tensors go whole, not as TP slices all-gathered after.
     pp_whole_tensors: bool = False
+    # vLLM's --enable-prefix-caching / --no-enable-prefix-caching over a request workload
+    # whose requests share prefixes (patterns/workload/prefix.py); None: vLLM's default, on.
+    prefix_caching: bool | None = None
+    # vLLM's --block-size (tokens a KV block) for prefix caching; None: vLLM's for the model.
+    kv_block_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.gpu not in GPUS:
@@ -55,7 +60,7 @@ class EngineOptions:
         if self.moe_backend is not None and self.moe_backend not in MOE_BACKENDS:
             raise ConfigError(f"moe-backend {self.moe_backend!r} is not a MoE backend; use one "
                               f"of {', '.join(MOE_BACKENDS)}")
-        for name in ("max_batched_tokens", "max_num_seqs"):
+        for name in ("max_batched_tokens", "max_num_seqs", "kv_block_size"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):

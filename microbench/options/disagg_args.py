@@ -34,7 +34,8 @@ def add_disagg_arguments(group: argparse._ArgumentGroup) -> None:
                        help="with --disagg: tokens a KV block (vllm --block-size, sglang "
                             "--page-size; default the engine's: vllm 16, for MLA the "
                             "attention backend's (h100/h200: 16, fp8 cache 64; b200: 32); "
-                            "sglang 1, on the b200 64)")
+                            "sglang 1, on the b200 64); vllm with --requests: the block "
+                            "prefix caching finds whole (vLLM's CPU build: 128)")
 
 
 def refuse_workload_with_disagg(args: argparse.Namespace) -> None:
@@ -90,7 +91,9 @@ def refuse_disagg_options(args: argparse.Namespace) -> None:
         ("--connector", getattr(args, "connector", None), None),
         ("--connector-version", getattr(args, "connector_version", None), None),
         ("--kv-cache-dtype", getattr(args, "kv_cache_dtype", "auto"), "auto"),
-        ("--kv-block-size", getattr(args, "kv_block_size", None), None),
+        # a request workload's prefix caching reads it too (vllm/workload.py)
+        ("--kv-block-size", None if getattr(args, "requests", None)
+         else getattr(args, "kv_block_size", None), None),
         ("--kv-transport", getattr(args, "kv_transport", None), None),
         ("--nixl-progress-thread", getattr(args, "nixl_progress_thread", False), False),
         ("--with-collectives", getattr(args, "with_collectives", False), False))

@@ -155,4 +155,7 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
                          async_scheduling=getattr(args, "async_scheduling", None),
                          disable_overlap_schedule=getattr(args, "disable_overlap_schedule",
                                                           False),
-                         pp_whole_tensors=getattr(args, "pp_whole_tensors", False))
+                         pp_whole_tensors=getattr(args, "pp_whole_tensors", False),
+                         prefix_caching=getattr(args, "prefix_caching", None),
+                         kv_block_size=(getattr(args, "kv_block_size", None)
+                                        if getattr(args, "requests", None) else None))

@@ -26,6 +26,13 @@ def add_workload_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--mixed-chunk", action="store_true",
                        help="sglang with --requests: --enable-mixed-chunk (decodes ride in "
                             "prefill steps)")
+    group.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction,
+                       default=None,
+                       help="vllm with --requests: automatic prefix caching (vLLM's "
+                            "--enable-prefix-caching), on by default as in vLLM V1: requests "
+                            "of one prefix_id compute only what is not cached in whole "
+                            "--kv-block-size blocks; --no-prefix-caching: every prompt token "
+                            "computed")
     group.add_argument("--speculative-config", default=None, metavar="JSON",
                        help="vllm: speculative decoding, vLLM's flag: '{\"method\": "
                             "\"mtp\"|\"eagle\"|\"eagle3\"|\"ngram\", \"num_speculative_tokens\": "
@@ -115,6 +122,9 @@ def refuse_workload_options(args: argparse.Namespace) -> None:
     """Workload-only options given without --requests / --speculative-config."""
     if wants_workload(args):
         return
+    if getattr(args, "prefix_caching", None) is not None:  # its False is given too
+        raise UsageError("--prefix-caching / --no-prefix-caching go with --requests: only a "
+                         "workload's requests name shared prefixes (prefix_id)")
     for flag in ("--step-time-ms", "--mixed-chunk", "--acceptance-length", "--acceptance-rate"):
         if getattr(args, flag[2:].replace("-", "_"), None):
             raise UsageError(f"{flag} goes with --requests (or --speculative-config for "

@@ -12,6 +12,7 @@ from patterns.layout import Layout
 from patterns.models import ModelConfig
 from patterns.pattern import EngineOptions
 from patterns.speculative import SpecConfig, check_spec_model
+from patterns.workload.prefix import shares_prefixes
 from patterns.workload.requests import Request
 from patterns.workload.steps import WorkloadPattern, check_workload_layout
 
@@ -71,6 +72,11 @@ def workload_pattern(engine: str, model: ModelConfig, layout: Layout,
     if mixed_chunk and engine != "sglang":
         raise ConfigError("--mixed-chunk is SGLang's --enable-mixed-chunk; vLLM always mixes "
                           "prefill chunks and decodes; use it with --engine sglang")
+    if engine != "vllm" and (shares_prefixes(requests) or options.prefix_caching is not None
+                             or options.kv_block_size is not None):
+        raise ConfigError(f"shared prefixes (prefix_id), --prefix-caching and --kv-block-size "
+                          f"are modelled for vLLM's prefix cache; {engine}'s own is not "
+                          "modelled: use --engine vllm, or drop them")
     if engine == "vllm":
         pattern = vllm_workload(model, layout, requests, dtype, options, step_time_s, spec,
                                 source, untagged)

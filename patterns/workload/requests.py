@@ -13,8 +13,10 @@ right (`ConfigError`), and absurd sizes before any scheduling work:
   FAST'25 traces): one JSON object a line with `timestamp` ("the arrival time (in
   milliseconds) of the request since the first request", ai-dynamo/dynamo
   `benchmarks/data_generator/README.md`), `input_length`, `output_length` (and
-  `hash_ids`, ignored: prefix caching is not modelled).
-- Plain JSONL: one `{"arrival_s": 0.0, "prompt": 100, "output": 3}` a line.
+  `hash_ids`, ignored: they are not read as shared prefixes).
+- Plain JSONL: one `{"arrival_s": 0.0, "prompt": 100, "output": 3}` a line, optionally with
+  `"prefix_id"` and `"prefix_tokens"`: a prompt prefix shared with the requests of that
+  prefix_id (`patterns/workload/prefix.py`).
 - `poisson:rate=R,count=N,prompt=P,output=O,seed=S`: N requests whose gaps are exponential
   with mean 1/R seconds (the first arrives at 0); P and O are a token count or `LO..HI`
   (uniform integers, both ends included); seed defaults to 0.
@@ -31,6 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from patterns.errors import ConfigError, number_text, shown
+from patterns.workload.prefix import read_prefix
 
 # Refused before any work: a trace of more requests than this, or a request longer than
 # this many tokens (no model has 10^8 positions; the model's own limit is checked later).
@@ -49,6 +52,10 @@ class Request:
     arrival_s: float
     prompt: int  # prompt tokens
     output: int  # output tokens, the one the last prefill chunk samples included
+    # The first prefix_tokens prompt tokens are those of every request of this prefix_id
+    # (patterns/workload/prefix.py); None: the prompt shares nothing.
+    prefix_id: str | None = None
+    prefix_tokens: int = 0
 
 
 def _tokens(value: object, what: str, where: str) -> int:
@@ -232,9 +239,10 @@ def read_jsonl(path: Path) -> list[Request]:
             arrival = obj[arrival_key]
             if isinstance(arrival, int | float) and not isinstance(arrival, bool):
                 arrival = arrival * unit
-            out.append(Request(_arrival(arrival, where), _tokens(obj[prompt_key], prompt_key,
-                                                                 where),
-                               _tokens(obj[output_key], output_key, where)))
+            prompt = _tokens(obj[prompt_key], prompt_key, where)
+            out.append(Request(_arrival(arrival, where), prompt,
+                               _tokens(obj[output_key], output_key, where),
+                               *read_prefix(obj, prompt, where)))
     return out
 
 

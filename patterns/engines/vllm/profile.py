@@ -76,11 +76,11 @@ INFO = EngineInfo(
     source="vllm-project/vllm main 2026-08-03 = modal-projects/vllm @ c8109375; size tables "
            "vllm-project/vllm @ 00d618aa (all_reduce_utils.py), @ 0052812d "
            "(allreduce_rms_fusion.py)",
-    options=("eager", "max_batched_tokens", "gpu", "nccl_only", "model_runner",
-             "max_num_seqs", "a2a", "moe_backend", "async_scheduling", "pp_whole_tensors"),
+    options=("eager", "max_batched_tokens", "gpu", "nccl_only", "model_runner", "max_num_seqs",
+             "a2a", "moe_backend", "async_scheduling", "pp_whole_tensors", "prefix_caching",
+             "kv_block_size"),
     not_modelled=(
-        "MoE at dp > 1: DBO micro-batching, EPLB, the engine core's gloo "
-        "all-reduce every 32 steps",
+        "MoE at dp > 1: DBO micro-batching, EPLB, the engine core's gloo all-reduce every 32 steps",
         "gloo send_object of PP metadata; the shared-memory SchedulerOutput broadcast",
         "sequence parallelism / AsyncTP (off for dense models by default)",
         "speculative decoding unless --speculative-config is given",

@@ -39,8 +39,12 @@ and no RUNNING prompt chunk, is given 1 + k tokens (k placeholder drafts) so the
 a uniform decode; it is left waiting rather than scheduled unpadded when the budget has no
 1 + k tokens left. Its logits are then taken for 1 + k rows, as a verify's.
 
-Not modelled (each refused or said): prefix caching (hash_ids of traces ignored: every prompt
-token is computed), preemption for KV-cache space (the cache is taken to be large enough),
+Automatic prefix caching (`patterns/workload/prefix.py`): a WAITING request whose prompt
+shares a prefix with requests scheduled before it (in an earlier step, or earlier in this one)
+starts with whole cached blocks of it and is scheduled only the rest.
+
+Not modelled (each refused or said): shared prefixes a trace does not name (Mooncake's hash_ids
+are ignored), preemption for KV-cache space (the cache is taken to be large enough),
 long_prefill_token_threshold (0 by default: no cap), and the priority policy.
 
 Cost: a step is simulated one by one only while the batch changes (a prompt chunk, an
@@ -55,6 +59,7 @@ from collections.abc import Sequence
 from heapq import heappop, heappush
 
 from patterns.errors import ConfigError
+from patterns.workload.prefix import PrefixCache
 from patterns.workload.requests import Request
 from patterns.workload.schedule import (
     Schedule,
@@ -78,13 +83,15 @@ def wasted_verify(output: int, accepted: float) -> bool:
 
 def schedule_vllm(requests: Sequence[Request], step_time_s: float | None, max_num_seqs: int,
                   max_batched_tokens: int, spec_tokens: int = 0,
-                  accepted: float = 1.0, async_scheduling: bool = False) -> Schedule:
+                  accepted: float = 1.0, async_scheduling: bool = False,
+                  prefix: PrefixCache | None = None) -> Schedule:
     """The steps vLLM V1 runs for `requests` (sorted by arrival).
 
     `spec_tokens` k and `accepted` (mean tokens a verify step yields, 1 <= a <= k + 1): each
     decode step of a request verifies 1 + k tokens, and a request needs
     ceil((output - 1) / a) of them. `async_scheduling`: see the module's docstring; False
-    is the synchronous scheduler (`--no-async-scheduling`).
+    is the synchronous scheduler (`--no-async-scheduling`). `prefix`: the prefix cache
+    (None: prefix caching off, every prompt token computed).
 
     RUNNING is kept as what the schedule needs of it: the decoding requests (each scheduled
     every step: a heap of the issued step each leaves at) and at most one request whose
@@ -130,6 +137,9 @@ def schedule_vllm(requests: Sequence[Request], step_time_s: float | None, max_nu
             take = min(partial[1], budget)
             chunks.append((partial[0], take, partial[1] - take))
             budget -= take
+            if prefix is not None:  # its blocks are cached as they are scheduled
+                r = requests[partial[0]]
+                prefix.computed(r.prefix_id, r.prefix_tokens, r.prompt - partial[1] + take)
         running = len(decoders) + (partial is not None) + held
         if not (decoders or partial) and waiting and running >= max_num_seqs:
             # Every slot is held by a finished request: this schedule is empty, its update
@@ -147,8 +157,13 @@ def schedule_vllm(requests: Sequence[Request], step_time_s: float | None, max_nu
             waiting.popleft()
             spans[r].waited_steps += i
             running += 1
-            take = per_decode if pads else min(requests[r].prompt, budget)
-            chunks.append((r, take, 0 if pads else requests[r].prompt - take))
+            # whole cached blocks of a prefix an earlier request computed are not computed
+            req = requests[r]
+            cached = prefix.hit(req.prefix_id, req.prefix_tokens, req.prompt) if prefix else 0
+            take = per_decode if pads else min(req.prompt - cached, budget)
+            chunks.append((r, take, 0 if pads else req.prompt - cached - take))
+            if prefix is not None:
+                prefix.computed(req.prefix_id, req.prefix_tokens, cached + take)
             padded += pads
             budget -= take
         # Equal decode-only steps follow until a request ends or one arrives (it might join).

@@ -11,6 +11,7 @@ from functools import lru_cache
 from typing import Any
 
 from patterns.engines.vllm import profile as vllm_profile
+from patterns.engines.vllm.nixl_connector import dense_block_size, mla_block_size
 from patterns.engines.vllm.pp_scheduler import schedule_vllm_pp
 from patterns.engines.vllm.rules import v1_capture_sizes, v1_defaults
 from patterns.engines.vllm.scheduler import schedule_vllm
@@ -23,6 +24,7 @@ from patterns.ops import Op
 from patterns.pattern import EngineOptions
 from patterns.speculative import SpecConfig
 from patterns.stage import Stage, pad_to
+from patterns.workload.prefix import PrefixCache, shares_prefixes
 from patterns.workload.requests import Request
 from patterns.workload.schedule import StepShape
 from patterns.workload.steps import StepGraph, WorkloadPattern, build_pattern, logit_rows
@@ -81,12 +83,13 @@ def vllm_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request
     v2 = (v2_graphs(max_seqs, budget, k) if spec is not None and runner == "v2"
           and not options.eager else None)
     vllm_profile._check_kv_heads(model, layout.tp)
+    prefix = prefix_cache(model, requests, options, spec, layout.pp)
     if layout.pp > 1:
         check_pipeline(requests, spec, async_on, runner)
         schedule = schedule_vllm_pp(requests, max_seqs, budget, layout.pp)
     else:
         schedule = schedule_vllm(requests, step_time_s, max_seqs, budget, k,
-                                 spec.acceptance_length if spec else 1.0, async_on)
+                                 spec.acceptance_length if spec else 1.0, async_on, prefix)
 
     def model_ops(st: Stage, tokens: int) -> tuple[Op, ...]:
         """The calls a step of T tokens makes, its logits one row (set per step below):
@@ -127,6 +130,27 @@ def vllm_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request
 
     return build_pattern("vllm", model, layout, requests, dtype, options, schedule, step_ops,
                          source, spec.method if spec else "")
+
+
+def prefix_cache(model: ModelConfig, requests: Sequence[Request], options: EngineOptions,
+                 spec: SpecConfig | None, pp: int) -> PrefixCache | None:
+    """vLLM's prefix cache over the workload (`patterns/workload/prefix.py`), None when it
+    is off (--no-prefix-caching) or no two requests share a prefix_id (nothing can hit).
+    The block size is vLLM's for the model on `options.gpu` (`nixl_connector.py`: 16 for a
+    dense model) unless --kv-block-size gives it."""
+    # the block size is checked (a --kv-block-size no backend takes refused) even when unused
+    block = (mla_block_size(options.gpu, "auto", options.kv_block_size)[0]
+             if model.mla and model.kv_lora_rank else dense_block_size(options.kv_block_size))
+    if options.prefix_caching is False or not shares_prefixes(requests):
+        return None
+    why = ("speculative decoding (EAGLE drops the last cached block)" if spec is not None
+           else f"pp({pp}) > 1" if pp > 1 else None)
+    if why:
+        raise ConfigError(f"requests sharing a prefix_id are modelled with prefix caching at "
+                          f"pp 1 without speculative decoding, not under {why}; give "
+                          "--no-prefix-caching (every prompt token computed) or drop the "
+                          "prefix keys")
+    return PrefixCache.of(block)
 
 
 def check_pipeline(requests: Sequence[Request], spec: SpecConfig | None, async_on: bool,
