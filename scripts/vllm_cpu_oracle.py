@@ -49,7 +49,7 @@ class Workload:
 
     name: str
     requests: tuple[tuple[int, int], ...]
-    ids: tuple[int, ...] | None = None  # the prompt's tokens (default: distinct non-zero ones)
+    ids: tuple[int, ...] | None = None  # the prompt's tokens, then 0s: one prefix_id (shared)
     zeros: int = 0  # the last `zeros` tokens of every prompt are 0 (ngram finds its drafts)
     as_batch: bool = False  # equal requests: validate as --batch N, not --requests
 
@@ -76,10 +76,14 @@ WORKLOADS = (
 )
 # two equal requests whose prompts are chunked, validated as --batch 2
 BATCH_CHUNKED = Workload("batch-chunked", ((12, 3),) * 2, as_batch=True)
+# one 200-token prompt twice, chunked by 16: the second, admitted beside the first's last
+# chunk, finds its first block of 128 (the CPU build's) cached. Its ids start no other prompt
+# (the engine keeps its cache across workloads; the others' request 0 is 1, 2, 3...)
+SHARED_PREFIX = Workload("shared-prefix", ((200, 2),) * 2, ids=tuple(range(200, 0, -1)))
 
 CASES: dict[str, Case] = {
     "dense-tp2": Case("dense", dict(tensor_parallel_size=2, **SCHEDULED),
-                      (ONE, *WORKLOADS, BATCH_CHUNKED)),
+                      (ONE, *WORKLOADS, BATCH_CHUNKED, SHARED_PREFIX)),
     "moe-tp2": Case("moe", dict(tensor_parallel_size=2, **SCHEDULED), (ONE, WORKLOADS[0])),
     # the CPU worker skips its warm-up forward pass without compilation (cpu_worker.py
     # _should_warm_up_model; enforce_eager means no compilation), and only that pass
@@ -179,10 +183,10 @@ PROBES: dict[str, Case] = {
     # 3 layers over 2 stages: which stage takes the odd one (distributed/utils.py)
     "pp2-tp2-3layers": Case("dense", dict(**PP, tensor_parallel_size=2, **SCHEDULED), (ONE,),
                             bind="0|0|1|1", config={"num_hidden_layers": 3}),
-    # two requests of one 200-token prompt: its first block of 128 tokens (the CPU build's
-    # block size) is cached when the first is scheduled; prefix caching is not modelled
+    # one 200-token prompt twice in one step (budget 4096): the first caches its first block
+    # of 128 (the CPU build's) as it is scheduled; the second, admitted after it, computes 72
     "same-prompt-tp2": Case("dense", dict(tensor_parallel_size=2), (Workload(
-        "same-prompt", ((200, 2),) * 2, ids=tuple(range(1, 201)), as_batch=True),)),
+        "same-prompt", ((200, 2),) * 2, ids=tuple(range(1, 201))),)),
 }
 
 
@@ -298,7 +302,8 @@ def serve(case: Case, model: Path, out: Path) -> tuple[dict[str, list[str]], dic
     llm = LLM(**settings)
     config = llm.llm_engine.vllm_config.scheduler_config
     limits = {"max_num_batched_tokens": config.max_num_batched_tokens,
-              "max_num_seqs": config.max_num_seqs}
+              "max_num_seqs": config.max_num_seqs,
+              "block_size": llm.llm_engine.vllm_config.cache_config.block_size}
     traces = {}
     for workload in case.workloads:
         prompts, params = [], []
@@ -344,9 +349,12 @@ def validate_args(case: Case, workload: Workload, out: Path, traces: list[str],
         batch = ["--batch", str(len(workload.requests))] if workload.as_batch else []
         return [*args, "--prompt", str(prompt), "--decode", str(output), *batch]
     requests = out / f"{workload.name}.jsonl"
-    requests.write_text("".join(json.dumps({"arrival_s": 0.0, "prompt": p, "output": o}) + "\n"
+    shared = workload.ids is not None  # prompts of `ids`, then 0s: all of one sequence
+    requests.write_text("".join(json.dumps({"arrival_s": 0.0, "prompt": p, "output": o, **(
+        {"prefix_id": workload.name, "prefix_tokens": p} if shared else {})}) + "\n"
                                 for p, o in workload.requests))
-    return [*args, "--requests", str(requests)]
+    block = ["--kv-block-size", str(limits["block_size"])] if shared else []
+    return [*args, "--requests", str(requests), *block]
 
 
 def main() -> int:

@@ -134,6 +134,27 @@ def test_dense_tp2_batch_of_chunked_prompts(served) -> None:
     assert _summary(out)["calls"] == 2 * 6 * 4
 
 
+def test_dense_tp2_shared_prefix_is_cached(served) -> None:
+    # Two requests of one 200-token prompt (one prefix_id), output 2, budget 16, block 128
+    # (the CPU build's; platforms/cpu.py). A: 12 chunks of 16 (192); step 12: A's last 8
+    # (block 0 cached as it is scheduled) + B's first 8, B having found 128 cached (72 to
+    # compute, 64 left); 13: A's decode 1 + B 15 (49 left); 14-16: B 16 x 3 (1 left); 17: B
+    # 1; 18: B's decode 1. 19 steps of 6 calls; 17 of them 16 tokens: 5 x 17 = 85
+    # all-reduces of 16 x 128 = 2,048 in prefill steps
+    doc = served("dense-tp2")
+    out = _valid(doc, "shared-prefix")
+    assert "the trace 19 from the inference's start, the pattern 19" in out
+    assert _summary(out)["calls"] == 2 * 6 * 19
+    assert ["0", "prefill", "allreduce", "2,048", "fp32", "2", "85", "85", "equal"] in _rows(out)
+    # Computing B's 200 tokens whole (the model before prefix caching): B has 128 more to
+    # compute, so step 17 (call 6 x 17 = 102) is 16 of them where the engine ran its last 1
+    proc = _validate(doc["workloads"]["shared-prefix"]["validate"], "--no-prefix-caching")
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr
+    assert ("rank 0: call 102 (prefill step 17: 16 prompt tokens of 1 request, op 0 of the "
+            "step) differs: the trace has allreduce 128 x fp32 (group of 2), the pattern has "
+            "allreduce 2048 x fp32") in proc.stdout, proc.stdout[-1500:]
+
+
 def test_async_scheduling_is_not_what_the_cpu_build_ran(served) -> None:
     # vLLM's GPU default: a finished request holds its slot one step more, so the third
     # request is admitted a step later than vLLM's CPU build (async off) admitted it
