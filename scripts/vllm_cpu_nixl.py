@@ -162,11 +162,11 @@ def _serve_pair(out: Path, args: list[str], prefill_tp: int, decode_tp: int,
     try:
         for role, tp, port in (("prefill", prefill_tp, ports[0]), ("decode", decode_tp, ports[1])):
             bind = "|".join(str(rank % 2) for rank in range(tp))  # a worker a core, 2 cores
-            log = (out / f"{role}.log").open("w")
-            procs.append(subprocess.Popen(
-                [*base, role, str(tp)], stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, env={**env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(port),
-                                             "VLLM_CPU_OMP_THREADS_BIND": bind}))
+            with (out / f"{role}.log").open("w") as log:  # the engine keeps its own descriptor
+                procs.append(subprocess.Popen(
+                    [*base, role, str(tp)], stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True, env={**env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(port),
+                                                 "VLLM_CPU_OMP_THREADS_BIND": bind}))
         status = procs[1].wait(timeout=timeout_s)
         (out / "decode-done").touch()
         status = max(status, procs[0].wait(timeout=60))

@@ -86,6 +86,13 @@ def _valid(doc: dict, workload: str) -> str:
     return proc.stdout
 
 
+def _invalid(argv: list[str], *extra: str) -> str:
+    """validate's output where it must find a difference (exit 1)."""
+    proc = _validate(argv, *extra)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr
+    return proc.stdout
+
+
 def _summary(stdout: str) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
 
@@ -148,11 +155,10 @@ def test_dense_tp2_shared_prefix_is_cached(served) -> None:
     assert ["0", "prefill", "allreduce", "2,048", "fp32", "2", "85", "85", "equal"] in _rows(out)
     # Computing B's 200 tokens whole (the model before prefix caching): B has 128 more to
     # compute, so step 17 (call 6 x 17 = 102) is 16 of them where the engine ran its last 1
-    proc = _validate(doc["workloads"]["shared-prefix"]["validate"], "--no-prefix-caching")
-    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr
+    out = _invalid(doc["workloads"]["shared-prefix"]["validate"], "--no-prefix-caching")
     assert ("rank 0: call 102 (prefill step 17: 16 prompt tokens of 1 request, op 0 of the "
             "step) differs: the trace has allreduce 128 x fp32 (group of 2), the pattern has "
-            "allreduce 2048 x fp32") in proc.stdout, proc.stdout[-1500:]
+            "allreduce 2048 x fp32") in out, out[-1500:]
 
 
 def test_async_scheduling_is_not_what_the_cpu_build_ran(served) -> None:
@@ -160,10 +166,9 @@ def test_async_scheduling_is_not_what_the_cpu_build_ran(served) -> None:
     # request is admitted a step later than vLLM's CPU build (async off) admitted it
     doc = served("dense-tp2")
     argv = [a for a in doc["workloads"]["queued"]["validate"] if a != "--no-async-scheduling"]
-    proc = _validate(argv, "--async-scheduling")
-    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr
+    out = _invalid(argv, "--async-scheduling")
     assert ("rank 0: call 12 (decode step 2: 1 decoding x 1 token, op 0 of the step) differs: "
-            "the trace has allreduce 1280 x fp32 (group of 2)") in proc.stdout  # 10 x 128
+            "the trace has allreduce 1280 x fp32 (group of 2)") in out  # 10 x 128
 
 
 def test_an_altered_call_of_a_real_trace_is_named(served, tmp_path: Path) -> None:
@@ -176,9 +181,8 @@ def test_an_altered_call_of_a_real_trace_is_named(served, tmp_path: Path) -> Non
     altered = tmp_path / Path(files[0]).name
     altered.write_bytes(gzip.compress(json.dumps(trace).encode()))
     at = argv.index("--trace") + 1
-    proc = _validate([*argv[:at], str(altered), *files[1:], *argv[at + len(files):]])
-    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr
-    assert _summary(proc.stdout)["first_difference"] == (
+    out = _invalid([*argv[:at], str(altered), *files[1:], *argv[at + len(files):]])
+    assert _summary(out)["first_difference"] == (
         "rank 0: call 2 (prefill step 0, op 2 of the step) differs: the trace has allreduce "
         "320 x fp32 (group of 2), the pattern has allreduce 640 x fp32 (group of 2) "
         "[layers.0.mlp.down_proj]")
@@ -247,9 +251,8 @@ def test_dense_pp2_tp2_sends_whole_tensors(served) -> None:
             "start, the pattern 3\n") in out
     # vLLM on GPUs sends each TP rank's half, 320, and all-gathers it after the receive
     argv = [a for a in doc["workloads"]["one-request"]["validate"] if a != "--pp-whole-tensors"]
-    proc = _validate(argv)
-    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr
-    assert _summary(proc.stdout)["first_difference"] == (
+    out = _invalid(argv)
+    assert _summary(out)["first_difference"] == (
         "rank 0: call 3 (prefill step 0, op 3 of the step) differs: the trace has send 640 x "
         "unknown (group of ? peer 1), the pattern has send 320 x fp32 (group of 2 peer 1) "
         "[pp.hidden_states]")
@@ -303,10 +306,9 @@ def test_eagle_speculation_tp2(served) -> None:
     # the drafter's embedding all-reduce of 8 x 128, ngram's pattern the verify step's
     argv = doc["workloads"]["one-request"]["validate"]
     at = argv.index("--speculative-config") + 1
-    proc = _validate([*argv[:at], '{"method": "ngram", "num_speculative_tokens": 2}',
-                      *argv[at + 1:]])
-    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr
-    assert _summary(proc.stdout)["first_difference"] == (
+    out = _invalid([*argv[:at], '{"method": "ngram", "num_speculative_tokens": 2}',
+                    *argv[at + 1:]])
+    assert _summary(out)["first_difference"] == (
         "rank 0: call 6 (decode step 1: 1 decoding x 3 tokens, op 0 of the step) differs: the "
         "trace has allreduce 1024 x fp32 (group of 2), the pattern has allreduce 384 x fp32 "
         "(group of 2) [embed_tokens]")
