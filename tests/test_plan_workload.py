@@ -48,3 +48,24 @@ def test_requests_over_replicas_and_stages(cli, tmp_path):
     assert pp2["volume_bytes"] == 9344
     # DP4 of one GPU: no call at all.
     assert (rows[(1, 1, 4)]["prefill_us"], rows[(1, 1, 4)]["e2e_us"]) == (0, 0)
+
+
+def test_a_stage_hop_is_priced_as_predict_prices_it(cli, tmp_path):
+    trace = tmp_path / "requests.jsonl"
+    trace.write_text(json.dumps({"arrival_s": 0.0, "prompt": 8, "output": 2}) + "\n")
+    lines = {**FLAT, "sendrecv": (2.0, 0.01), "stream": (3.0, 0.0)}
+    status, out, err = cli("plan", "--model", tiny_model(tmp_path), "--gpus", "2",
+                           "--gpus-per-node", "2", "--engine", "vllm", "--requests",
+                           str(trace), "--sweep", str(fake_sweep(tmp_path / "sweep", lines)),
+                           "--format", "json")
+    assert status == 0, err
+    rows = {(r["tp"], r["pp"], r["dp"]): r for r in json.loads(out)["layouts"]}
+    # TP1 x PP2, one request: a prefill step of 8 tokens, then a decode step of 1. A hop of
+    # [8, 64] bf16 = 1024 B: the stream's gap, 3 us, then its data 3 us later (the
+    # stream, no sooner than half the smallest ping-pong, (2 + 0.01 x 8) / 2 = 1.04:
+    # analysis/costs.latency_us), 6 us; half the ping-pong at 1024 B, (2 + 10.24) / 2 =
+    # 6.12, is not the latency. [1, 64] bf16 = 128 B: 3 + 3 = 6. The sampled tokens' two
+    # broadcasts, priced as the all-reduce (10 us each): 20. A step 26, the request's two
+    # 52.
+    pp2 = rows[(1, 2, 1)]
+    assert (pp2["prefill_us"], pp2["decode_step_us"], pp2["e2e_us"]) == (26, 26, 52)

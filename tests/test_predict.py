@@ -279,6 +279,43 @@ def test_a_large_hop_is_priced_by_the_stream_not_half_the_ping_pong(tmp_path):
     assert p["e2e_us"] == pytest.approx(6 + 3 * 6)  # 24
 
 
+def test_a_hop_is_priced_at_the_stream_the_sweep_measured_not_its_line(tmp_path):
+    from microbench.analysis.fits import Topology
+    from microbench.analysis.predict import predict_pattern
+    from patterns import Layout, Workload, from_hf_config, generate
+
+    pattern = generate("vllm-v0", from_hf_config(tiny_model(tmp_path)), Layout(pp=2),
+                       Workload(prompt=8, decode=4))
+    # A stream that leaves a cache between 512 B and 2 KiB: 1 + s/512 us up to 512 B
+    # (128 B: 1.25, 512 B: 2), then 20 + 0.01 (s - 2048) (2 KiB: 20). The prefill's sends
+    # are 8 x 64 bf16 = 1024 B, between two measured sizes: 2 + (20 - 2) x (1024 - 512) /
+    # (2048 - 512) = 8 us, a send every 8 us, the second's data there at 16. A decode step's
+    # two sends are 1 x 64 bf16 = 128 B, a measured size: 1.25 each, 2.5 a step. The
+    # ping-pong's floor,
+    # (2 + 0.08) / 2 = 1.04, is below both. A line through these points prices 1024 B
+    # otherwise (the fit's pieces cannot bend twice).
+    stream = [1 + s / 512 if s <= 512 else 20 + 0.01 * (s - 2048) for s in SIZES]
+    fits = {("stream", 2): fit_points("stream", 2, SIZES, stream),
+            ("sendrecv", 2): fit_points("sendrecv", 2, SIZES, [2 + 0.01 * s for s in SIZES])}
+    assert fits[("stream", 2)].time_us(1024) != pytest.approx(8, rel=0.01)
+    p, _ = predict_pattern(pattern, Topology(fits))
+    assert p["prefill_us"] == pytest.approx(16)
+    assert p["decode_step_us"] == pytest.approx(2.5)
+    assert p["e2e_us"] == pytest.approx(16 + 3 * 2.5)  # 23.5
+
+
+def test_measured_times_are_the_points_between_them_a_line_and_the_fit_beyond():
+    import numpy as np
+
+    fit = fit_points("stream", 2, [1024, 4096, 2048], [10.0, 70.0, 30.0])
+    # 3 KiB: 30 + (70 - 30) / 2 = 50; the swept sizes their own times; beyond 4 KiB the fit.
+    sizes = [1024, 2048, 3072, 4096, 8192, 512]
+    expected = [10.0, 30.0, 50.0, 70.0, fit.time_us(8192), fit.time_us(512)]
+    assert [fit.measured_us(s) for s in sizes] == pytest.approx(expected)
+    assert list(fit.measured_times_us(np.array(sizes, dtype=float))) == [
+        fit.measured_us(s) for s in sizes]  # the vector path gives the same floats
+
+
 def test_an_outlier_is_left_out_and_named():
     # 5 us + 0.001 us/B, but the 2 KiB median is 8000 us (a descheduled rank). Its
     # neighbours allow at most 5.512 x 4 = 22.0 us (512 B's time, growing with size) and

@@ -23,11 +23,14 @@ from patterns.layout import Layout
 
 def call_time_us(fits: FitTable, op: Op) -> float:
     """One call's time in isolation: a collective's fit, or for a transfer half the 2-rank
-    sendrecv (a ping-pong: the even rank sends first), what a transfer costs where the sweep
-    has no stream (`latency_us`)."""
+    sendrecv (a ping-pong: the even rank sends first) at its size as the sweep measured it
+    (`Fit.measured_us`), what a transfer costs where the sweep has no stream
+    (`latency_us`)."""
     kind, size, _, n = pattern_message(op)
-    t = fit_for(fits, kind, n).time_us(size)
-    return t / 2 if op.kind in (OpKind.SEND, OpKind.RECV) else t
+    fit = fit_for(fits, kind, n)
+    if op.kind in (OpKind.SEND, OpKind.RECV):
+        return fit.measured_us(size) / 2
+    return fit.time_us(size)
 
 
 def _has_stream(fits: FitTable) -> bool:
@@ -35,10 +38,15 @@ def _has_stream(fits: FitTable) -> bool:
 
 
 def gap_us(fits: FitTable, op: Op) -> float:
-    """A transfer's gap: the stream fit where the sweep has one, else its latency."""
+    """A transfer's gap: a stream message of its size as the sweep measured it where the
+    sweep has a stream (`Fit.measured_us`: between measured sizes the line between them, a
+    fit only beyond them), else its latency.
+
+    A pair's transfer is never scaled to another group size (fits.fit_for), so the measured
+    points price it as they are; a collective's fit is scaled and stays a fit."""
     if _has_stream(fits):
         _, size, _, n = pattern_message(op)
-        return fit_for(fits, SweepOp.STREAM, n).time_us(size)
+        return fit_for(fits, SweepOp.STREAM, n).measured_us(size)
     return call_time_us(fits, op)
 
 
@@ -60,7 +68,7 @@ def latency_us(fits: FitTable, op: Op) -> float:
         return call_time_us(fits, op)
     _, size, _, n = pattern_message(op)
     ping_pong = fit_for(fits, SweepOp.SENDRECV, n)
-    return max(gap_us(fits, op), ping_pong.time_us(min(size, ping_pong.min_bytes)) / 2)
+    return max(gap_us(fits, op), ping_pong.measured_us(min(size, ping_pong.min_bytes)) / 2)
 
 
 # Group kinds whose calls join the DP ranks of one stage (the engine's DP all-reduce, MoE

@@ -58,6 +58,32 @@ class Fit:
     dropped: tuple[int, ...] = ()  # sizes left out as outliers
     scaled_from: int | None = None  # group size swept, when this fit is scaled from it
     stand_in: str | None = None  # the swept op whose fit stands in for this one's
+    # The (size, time) points the fit was made from, outliers left out (one time a size);
+    # empty for a fit scaled to another group size.
+    measured: tuple[tuple[int, float], ...] = ()
+
+    def measured_us(self, size_bytes: float) -> float:
+        """The time the sweep measured at this size; between two measured sizes, the
+        straight line between their times; outside the measured sizes, the fit.
+
+        What a one-way transfer is priced by (analysis/costs.py): a fit's line misses a
+        curve that bends within one piece, as a cache cliff bends it at the top of a CPU
+        sweep (an MPI stream on one host here: 20.5 us at 512 KiB, 61.7 us at 1 MiB; the
+        fit of 16 KiB to 1 MiB, 12.7% rms, said 22.2 us at 512 KiB, and a pipeline hop
+        of 512 KiB took 19.6-20.6 us in the same minutes)."""
+        if not self.measured or not (self.measured[0][0] <= size_bytes
+                                     <= self.measured[-1][0]):
+            return self.time_us(size_bytes)
+        sizes, times = zip(*self.measured, strict=True)
+        return float(np.interp(size_bytes, sizes, times))
+
+    def measured_times_us(self, sizes: np.ndarray) -> np.ndarray:
+        """`measured_us` of many sizes, the same floats."""
+        if not self.measured:
+            return self.times_us(sizes)
+        xs, ts = (np.array(v, dtype=np.float64) for v in zip(*self.measured, strict=True))
+        inside = (sizes >= xs[0]) & (sizes <= xs[-1])
+        return np.where(inside, np.interp(sizes, xs, ts), self.times_us(sizes))
 
     def time_us(self, size_bytes: float) -> float:
         piece = self.pieces[0]
@@ -155,7 +181,13 @@ def fit_points(op: str, group_size: int, sizes: list[int], times: list[float]) -
         pieces = (Piece(int(x[0]), lo[0], lo[1]), Piece(int(x[k]), hi[0], hi[1]))
         rms = float(np.sqrt(total / x.size))
     return Fit(op, group_size, pieces, rms, int(x.size), swept[0], swept[1],
-               tuple(sorted(dropped)))
+               tuple(sorted(dropped)), measured=_one_time_a_size(x, t))
+
+
+def _one_time_a_size(x: np.ndarray, t: np.ndarray) -> tuple[tuple[int, float], ...]:
+    """The points, sizes ascending, a size swept more than once at its mean time."""
+    sizes = np.unique(x)
+    return tuple((int(size), float(np.mean(t[x == size]))) for size in sizes)
 
 
 def fit_levels(rows: list[dict[str, Any]]) -> dict[str, dict[tuple[str, int], Fit]]:
@@ -273,7 +305,7 @@ def fit_for(fits: FitTable, op: SweepOp, n: int) -> Fit:
             fit = fit_for(fits, base, n)
             fits[(op.value, n)] = Fit(op.value, n, fit.pieces, fit.rms_rel_error, fit.points,
                                       fit.min_bytes, fit.max_bytes, fit.dropped,
-                                      fit.scaled_from, base.value)
+                                      fit.scaled_from, base.value, fit.measured)
             return fits[(op.value, n)]
     if op in (SweepOp.SENDRECV, SweepOp.STREAM):  # a pair; a ring of more is next best
         if swept:

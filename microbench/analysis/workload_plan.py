@@ -135,9 +135,13 @@ class _Stages:
         size, total = tokens * self.row, np.zeros(len(tokens))
         hops = []
         for sendrecv, stream in self.hop_kinds:
-            latency = _times_us(sendrecv, size) / 2
-            gap = _times_us(stream, size) if stream is not None else latency
-            hops.append(gap + np.maximum(gap, latency))  # as costs.py: no sooner than either
+            if stream is None:  # half the ping-pong at the hop's size (costs.call_time_us)
+                latency = gap = _measured_us(sendrecv, size) / 2
+            else:  # costs.latency_us: the stream, no sooner than the smallest ping-pong's half
+                gap = _measured_us(stream, size)
+                smallest = np.minimum(size, sendrecv.min_bytes)
+                latency = np.maximum(gap, _measured_us(sendrecv, smallest) / 2)
+            hops.append(gap + latency)
         for kind in self.hop_kind:
             total += hops[kind]
         if self.broadcast is not None:
@@ -145,6 +149,14 @@ class _Stages:
                     + _times_us(self.broadcast, 4 * (samples + 1)))
             total = np.where(samples > 0, total + sent, total)
         return total
+
+
+def _measured_us(fit: Any, sizes: Any) -> Any:
+    """A pair's transfer time at many sizes as the sweep measured them
+    (fits.Fit.measured_times_us; any other kind one size at a time)."""
+    import numpy as np
+    many = getattr(fit, "measured_times_us", None)
+    return many(sizes) if many is not None else np.array([fit.measured_us(x) for x in sizes])
 
 
 def _times_us(fit: Any, sizes: Any) -> Any:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from microbench.argtypes import UsageError
+from microbench.backends.host_memory import written_zeros
 from patterns.disagg import Pair
 
 
@@ -122,7 +123,7 @@ class MpiP2P:
         self.types: list[Any] = []
 
     def allocate(self, nbytes: int) -> np.ndarray:
-        return np.zeros(nbytes, dtype=np.uint8)
+        return written_zeros(nbytes)
 
     def prepare(self, role: Role, buffer: np.ndarray, allgather: Callable) -> None:
         for pd in role.pairs:
@@ -169,7 +170,7 @@ class TorchP2P:
         self.ops: list[tuple[str, int, int, Any, int, np.ndarray]] = []
 
     def allocate(self, nbytes: int) -> np.ndarray:
-        self.buffer = np.zeros(nbytes, dtype=np.uint8)
+        self.buffer = written_zeros(nbytes)
         return self.buffer
 
     def prepare(self, role: Role, buffer: np.ndarray, allgather: Callable) -> None:
@@ -273,7 +274,7 @@ class Nixl:
         self.remotes: dict[bytes, str] = {}  # agent metadata -> name, added once
 
     def allocate(self, nbytes: int) -> np.ndarray:
-        self.buffer = np.zeros(max(nbytes, 1), dtype=np.uint8)
+        self.buffer = written_zeros(max(nbytes, 1))
         self.registered = self.agent.register_memory(
             [(self.buffer.ctypes.data, self.buffer.nbytes, 0, "")], "DRAM")
         return self.buffer[:nbytes]

@@ -11,6 +11,7 @@ import numpy as np
 
 from microbench.argtypes import UsageError
 from microbench.backends import BoundCall, Group, displacements, register
+from microbench.backends.host_memory import written_zeros
 from microbench.ranks import shm
 from microbench.ranks.device import check_device_index
 from microbench.ranks.dist import DistEnv
@@ -84,7 +85,7 @@ class MpiBackend:
         return Group(name, tuple(ranks), comm.Get_rank(), comm)
 
     def empty(self, numel: int, dtype: str) -> Any:
-        host = np.zeros(numel, dtype=self.types.storage(dtype))
+        host = written_zeros(numel, self.types.storage(dtype))
         if self.device == "cpu":
             return _HostBuffer(host, dtype)
         torch = self._torch
