@@ -85,6 +85,14 @@ def _write(tmp_path, *lines: dict) -> str:
     return str(path)
 
 
+def test_a_whole_float_is_read_as_a_prompt_is(tmp_path) -> None:
+    # "prompt": 200.0 reads as 200 (requests._tokens); "prefix_tokens": 64.0 likewise.
+    [request] = read_requests(_write(tmp_path, {"prompt": 200.0, "prefix_id": "p",
+                                                "prefix_tokens": 64.0}))
+    assert request == Request(0.0, 200, 2, "p", 64)
+    assert type(request.prefix_tokens) is int
+
+
 def test_the_options_reach_the_scheduler(tmp_path) -> None:
     requests = read_requests(_write(tmp_path, *[{"prefix_id": "p", "prefix_tokens": 200}] * 2))
     assert requests[1] == Request(0.0, 200, 2, "p", 200)

@@ -31,6 +31,7 @@ EAGLE's dropped last hit block (`single_type_kv_cache_manager.py:547-560` `drop_
 so shared prefixes under speculative decoding are refused, as at pp > 1.
 """
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -54,6 +55,9 @@ def read_prefix(obj: dict[str, object], prompt: int, where: str) -> tuple[str | 
         raise ConfigError(f"{where}: prefix_id must be a string of 1 to {MAX_PREFIX_ID} "
                           f"characters, the name of the prefix requests share, not "
                           f"{shown(repr(name), 40)}")
+    # A whole float counts, as a prompt's does (requests._tokens: JSON writers emit 64.0).
+    if isinstance(tokens, float) and math.isfinite(tokens) and tokens == int(tokens):
+        tokens = int(tokens)
     if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= prompt:
         raise ConfigError(f"{where}: prefix_tokens {shown(repr(tokens), 40)} must be a whole "
                           f"number of tokens from 1 to the prompt's {prompt}")
