@@ -134,26 +134,24 @@ def lane_arrays(lane: Any, figures: list[tuple[float, float]], kv_tokens: int) -
         own = k if decode[j] else 0
         return j, own, decode_before[j] + own
 
+    def placed(lo: int, hi: int, only_decode: bool) -> tuple[tuple[int, ...], int]:
+        """Where issued steps [lo, hi) start and end, and how many count (over decode steps
+        alone where only_decode); an empty span (0, 0, 0, 0) and none."""
+        if hi <= lo:
+            return (0, 0, 0, 0), 0
+        if not only_decode:
+            return (*where(lo), *where(hi)), hi - lo
+        (j0, k0, c0), (j1, k1, c1) = where_decode(lo), where_decode(hi)
+        return (j0, k0, j1, k1), c1 - c0
+
     prefill, prefill_steps, decode_at, decode_steps = [], [], [], []
     for span in schedule.spans:
-        (p0, p1), (d0, d1) = span.prefill, span.decode
-        if p1 > p0:
-            prefill.append((*where(p0), *where(p1)))
-            prefill_steps.append(p1 - p0)
-        else:
-            prefill.append((0, 0, 0, 0))
-            prefill_steps.append(0)
-        if d1 > d0 and decode_only:
-            j0, k0, c0 = where_decode(d0)
-            j1, k1, c1 = where_decode(d1)
-            decode_at.append((j0, k0, j1, k1))
-            decode_steps.append(c1 - c0)
-        elif d1 > d0:
-            decode_at.append((*where(d0), *where(d1)))
-            decode_steps.append(d1 - d0)
-        else:
-            decode_at.append((0, 0, 0, 0))
-            decode_steps.append(0)
+        at, count = placed(*span.prefill, False)
+        prefill.append(at)
+        prefill_steps.append(count)
+        at, count = placed(*span.decode, decode_only)
+        decode_at.append(at)
+        decode_steps.append(count)
     requests = lane.requests
     shapes = np.array([[getattr(s.shape, f) for f in SHAPE_FIELDS] for s in segments],
                       dtype=np.int64).reshape(-1, len(SHAPE_FIELDS))

@@ -136,11 +136,11 @@ class _Stages:
         hops = []
         for sendrecv, stream in self.hop_kinds:
             if stream is None:  # half the ping-pong at the hop's size (costs.call_time_us)
-                latency = gap = _measured_us(sendrecv, size) / 2
+                latency = gap = sendrecv.measured_times_us(size) / 2
             else:  # costs.latency_us: the stream, no sooner than the smallest ping-pong's half
-                gap = _measured_us(stream, size)
+                gap = stream.measured_times_us(size)
                 smallest = np.minimum(size, sendrecv.min_bytes)
-                latency = np.maximum(gap, _measured_us(sendrecv, smallest) / 2)
+                latency = np.maximum(gap, sendrecv.measured_times_us(smallest) / 2)
             hops.append(gap + latency)
         for kind in self.hop_kind:
             total += hops[kind]
@@ -149,14 +149,6 @@ class _Stages:
                     + _times_us(self.broadcast, 4 * (samples + 1)))
             total = np.where(samples > 0, total + sent, total)
         return total
-
-
-def _measured_us(fit: Any, sizes: Any) -> Any:
-    """A pair's transfer time at many sizes as the sweep measured them
-    (fits.Fit.measured_times_us; any other kind one size at a time)."""
-    import numpy as np
-    many = getattr(fit, "measured_times_us", None)
-    return many(sizes) if many is not None else np.array([fit.measured_us(x) for x in sizes])
 
 
 def _times_us(fit: Any, sizes: Any) -> Any:
