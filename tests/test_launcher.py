@@ -226,3 +226,58 @@ def test_ucx_errors_on_mpiexecs_stdout_go_to_stderr(capfd):
     out, err = capfd.readouterr()
     assert out.splitlines() == ["replay table", '{"backend":"mpi"}']
     assert err == ucx.decode()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_second_stop_signal_does_not_break_the_first_ones_clean_up(tmp_path, backend):
+    # A CI run: interleave was SIGKILLed, its launcher got SIGTERM twice (its parent's death,
+    # PR_SET_PDEATHSIG, and a second), and the second raised out of the first one's clean-up
+    # with a traceback. Two signals at once here: SIGTERM, then SIGHUP before it is handled.
+    marker = uuid.uuid4().hex
+    launcher = start_long_replay(tmp_path, backend, marker)
+    try:
+        wait_started(marker, STARTED[backend], launcher)
+        launcher.send_signal(signal.SIGTERM)
+        launcher.send_signal(signal.SIGHUP)
+        _out, err = launcher.communicate(timeout=20)
+        assert "Traceback" not in err, err
+        # The first signal handled is the one reported (Linux hands pending signals over
+        # lowest number first, so either may come first); the other is ignored.
+        assert launcher.returncode in (128 + signal.SIGTERM, 128 + signal.SIGHUP), err
+        name = signal.Signals(launcher.returncode - 128).name
+        assert err.splitlines() == [f"infercomm: got {name}; ended every rank"], err
+        assert wait_gone(marker, 10) == []
+    finally:
+        kill_leftovers(marker)
+        launcher.kill()
+        launcher.communicate()
+
+
+GUARDED = """
+import os, signal
+from microbench.ranks.children import StopGuard, Stopped
+both = {signal.SIGTERM, signal.SIGHUP}
+with StopGuard() as guard:
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, both)
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGHUP)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, both)  # both pending: handled one by one
+        print("not stopped")
+    except Stopped as stopped:
+        total = 0
+        for i in range(200_000):  # a clean-up long enough for the second handler to run in
+            total += i
+        print("cleaned up after", stopped.signum, total)
+print("left the guard", signal.getsignal(signal.SIGTERM) == signal.SIG_IGN)
+"""
+
+
+def test_a_stop_guard_raises_once_and_stays_deaf_after_a_stop(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", GUARDED], capture_output=True, text=True,
+                          timeout=60, cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stderr
+    first = proc.stdout.split()[3]
+    assert first in (str(int(signal.SIGHUP)), str(int(signal.SIGTERM))), proc.stdout
+    assert proc.stdout.splitlines() == [f"cleaned up after {first} {sum(range(200_000))}",
+                                        "left the guard True"], proc.stdout

@@ -20,6 +20,7 @@ import subprocess
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -47,8 +48,47 @@ class Stopped(Exception):
         return f"got {signal.Signals(self.signum).name}"
 
 
-def _raise_stopped(signum: int, _frame: object) -> None:
-    raise Stopped(signum)
+class StopGuard:
+    """While inside `with StopGuard() as guard:`, the first SIGINT, SIGTERM or SIGHUP raises
+    Stopped, and every later one is ignored.
+
+    A stop is heard once because the clean-up it starts must not be cut short: a second
+    Ctrl-C, or the SIGTERM the kernel sends a child as its parent dies (PR_SET_PDEATHSIG)
+    beside the one that parent's own killer sent, came while the first one's clean-up was
+    replacing the handlers and raised out of it with a traceback (a CI run of
+    tests/test_compare_interleaved.py). The handler marks the stop before it raises, so no
+    bytecode runs between the first signal and the guard's deafness. After a stop the signals
+    stay ignored when the guard is left (the process is ending; its clean-up is bounded, see
+    END_SECONDS); otherwise the previous handlers come back."""
+
+    def __init__(self) -> None:
+        self.stopped: int | None = None  # the signal that stopped us
+        self._deaf = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopGuard:
+        self._previous = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, signal.SIG_IGN if self.stopped is not None else handler)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if self._deaf:
+            return
+        raise self.stop(signum)
+
+    def stop(self, signum: int) -> Stopped:
+        """Mark a stop (by a signal, or one found otherwise: a closed stdout's SIGPIPE) and
+        return its exception to raise: from here on stop signals are ignored."""
+        self.stopped, self._deaf = signum, True
+        return Stopped(signum)
+
+    def deafen(self) -> None:
+        """Ignore stop signals from here on without a stop: a clean-up after the work ended
+        well (ending ranks already gone, removing a folder) is quick and must run whole."""
+        self._deaf = True
 
 
 def die_with_parent(parent_pid: int) -> Callable[[], None]:
@@ -75,31 +115,30 @@ def run_child(cmd: list[str], env: dict[str, str] | None = None) -> Finished:
 
     SIGINT, SIGTERM or SIGHUP meanwhile is passed on to it; once it has ended (or been
     killed END_SECONDS later) Stopped is raised. OSError when `cmd` cannot be started."""
-    previous = {s: signal.signal(s, _raise_stopped) for s in STOP_SIGNALS}
     proc: subprocess.Popen[bytes] | None = None
     captured: list[bytes] = []
     reader: threading.Thread | None = None
-    try:
-        # its own process group: a terminal's Ctrl-C reaches this command only, which passes
-        # it on once, so the child hears it once
-        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                process_group=0, preexec_fn=die_with_parent(os.getpid()))
-        stream = proc.stdout
-        assert stream is not None
-        reader = threading.Thread(target=lambda: captured.append(stream.read()), daemon=True)
-        reader.start()
-        status = proc.wait()
-    except Stopped as stopped:
-        for s in STOP_SIGNALS:  # a second Ctrl-C must not interrupt the clean-up
-            signal.signal(s, signal.SIG_IGN)
-        if proc is not None:
-            _end(proc, stopped.signum)
-        raise
-    finally:
-        if reader is not None:
-            reader.join(timeout=5)
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    with StopGuard() as guard:
+        try:
+            # its own process group: a terminal's Ctrl-C reaches this command only, which
+            # passes it on once, so the child hears it once
+            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, process_group=0,
+                                    preexec_fn=die_with_parent(os.getpid()))
+            stream = proc.stdout
+            assert stream is not None
+            reader = threading.Thread(target=lambda: captured.append(stream.read()),
+                                      daemon=True)
+            reader.start()
+            status = proc.wait()
+        except Stopped as stopped:
+            if proc is not None:
+                _end(proc, stopped.signum)
+            raise
+        finally:
+            guard.deafen()
+            if reader is not None:
+                reader.join(timeout=5)
     return Finished(128 - status if status < 0 else status,
                     b"".join(captured).decode(errors="replace"))
 

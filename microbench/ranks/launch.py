@@ -16,7 +16,7 @@ from typing import Any
 
 from microbench.argtypes import UsageError
 from microbench.ranks import notes, shm
-from microbench.ranks.children import CHECK_ONLY_VAR, die_with_parent
+from microbench.ranks.children import CHECK_ONLY_VAR, StopGuard, Stopped, die_with_parent
 from microbench.ranks.mpi_output import MpiBanner, mpi_status, signal_name
 from microbench.ranks.stopped import resume_stopped
 from microbench.ranks.watchdog import TIMEOUT_EXIT_STATUS
@@ -84,21 +84,6 @@ def mpi_command(nproc: int, argv: list[str]) -> tuple[list[str], dict[str, str]]
     return [*cmd, sys.executable, "-m", "microbench", *argv], env
 
 
-class _Stopped(Exception):
-    """The launcher got SIGINT, SIGTERM or SIGHUP (Ctrl-C, `timeout`, a closed terminal)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _raise_stopped(signum: int, _frame: object) -> None:
-    raise _Stopped(signum)
-
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
 def spawn_local(nproc: int, backend: str, argv: list[str]) -> int:
     """Run `infercomm ARGV` as N local ranks; return the first failing rank's status, or 0.
 
@@ -115,48 +100,49 @@ def spawn_local(nproc: int, backend: str, argv: list[str]) -> int:
     env.update({notes.LAUNCHER_VAR: notes.launcher_identity(),
                 notes.LAUNCH_DIR_VAR: str(folder)})
     procs: list[subprocess.Popen] = []
-    previous = {s: signal.signal(s, _raise_stopped) for s in STOP_SIGNALS}
     common: dict[str, Any] = {"process_group": 0, "preexec_fn": die_with_parent(os.getpid())}
-    try:
-        if backend == "mpi":
-            cmd, mpi_env = mpi_command(nproc, argv)
-            procs.append(subprocess.Popen(cmd, env={**mpi_env, **env}, stdout=subprocess.PIPE,
-                                          **common))
-            banner = MpiBanner()
-            reader = threading.Thread(target=banner.forward, args=(procs[0].stdout,),
-                                      daemon=True)
-            reader.start()
-            status = _wait_all(procs, ["mpiexec"], folder, _MpiWatch(procs[0].pid, banner))
-            reader.join(timeout=5)
-            if banner.closed:
-                raise _Stopped(signal.SIGPIPE)
-            if status and notes.stuck_ranks(folder):
-                return _no_progress(status, folder)
-            return mpi_status(status, banner, folder, procs[0].returncode)
-        env.update(WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
-                   MASTER_ADDR=env.get("MASTER_ADDR") or "127.0.0.1",
-                   MASTER_PORT=str(master_port(env)))
-        for r in range(nproc):
-            procs.append(subprocess.Popen([sys.executable, "-m", "microbench", *argv],
-                                          env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                                          **common))
-        return _no_progress(_wait_all(procs, [f"rank {r}" for r in range(nproc)], folder),
-                            folder)
-    except _Stopped as stopped:
-        for s in STOP_SIGNALS:  # a second Ctrl-C must not interrupt the clean-up
-            signal.signal(s, signal.SIG_IGN)
-        _end_all(procs)
-        if stopped.signum == signal.SIGPIPE:  # stdout closed (`| head`): quietly, as a pipe
+    with StopGuard() as guard:
+        try:
+            return _run_ranks(nproc, backend, argv, env, common, procs, folder)
+        except Stopped as stopped:
+            guard.deafen()  # a closed stdout (SIGPIPE) is found, not signalled
+            _end_all(procs)
+            if stopped.signum == signal.SIGPIPE:  # stdout closed (`| head`): quietly
+                return 128 + stopped.signum
+            sys.stderr.write(f"infercomm: {stopped.how}; ended every rank\n")
             return 128 + stopped.signum
-        what = ("interrupted" if stopped.signum == signal.SIGINT
-                else f"got {signal.Signals(stopped.signum).name}")
-        sys.stderr.write(f"infercomm: {what}; ended every rank\n")
-        return 128 + stopped.signum
-    finally:
-        _end_all(procs)
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        notes.remove(folder)  # with what MPI left in /dev/shm (ranks/shm.py)
+        finally:
+            guard.deafen()
+            _end_all(procs)
+            notes.remove(folder)  # with what MPI left in /dev/shm (ranks/shm.py)
+
+
+def _run_ranks(nproc: int, backend: str, argv: list[str], env: dict[str, str],
+               common: dict[str, Any], procs: list[subprocess.Popen], folder: Path) -> int:
+    """Start the ranks (appended to `procs` as they start, for the caller to end) and wait for
+    them; the run's exit status."""
+    if backend == "mpi":
+        cmd, mpi_env = mpi_command(nproc, argv)
+        procs.append(subprocess.Popen(cmd, env={**mpi_env, **env}, stdout=subprocess.PIPE,
+                                      **common))
+        banner = MpiBanner()
+        reader = threading.Thread(target=banner.forward, args=(procs[0].stdout,), daemon=True)
+        reader.start()
+        status = _wait_all(procs, ["mpiexec"], folder, _MpiWatch(procs[0].pid, banner))
+        reader.join(timeout=5)
+        if banner.closed:
+            raise Stopped(signal.SIGPIPE)
+        if status and notes.stuck_ranks(folder):
+            return _no_progress(status, folder)
+        return mpi_status(status, banner, folder, procs[0].returncode)
+    env.update(WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
+               MASTER_ADDR=env.get("MASTER_ADDR") or "127.0.0.1",
+               MASTER_PORT=str(master_port(env)))
+    for r in range(nproc):
+        procs.append(subprocess.Popen([sys.executable, "-m", "microbench", *argv],
+                                      env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                                      **common))
+    return _no_progress(_wait_all(procs, [f"rank {r}" for r in range(nproc)], folder), folder)
 
 
 # Waits for the launcher to end, however it ends, and removes its notes folder and the MPI
@@ -225,7 +211,7 @@ class _MpiWatch:
 
     def __call__(self) -> None:
         if self.banner.closed:
-            raise _Stopped(signal.SIGPIPE)
+            raise Stopped(signal.SIGPIPE)
         if time.monotonic() - self.last < 0.5:
             return
         self.last = time.monotonic()
