@@ -77,13 +77,8 @@ class StopGuard:
     def _on_signal(self, signum: int, _frame: object) -> None:
         if self._deaf:
             return
-        raise self.stop(signum)
-
-    def stop(self, signum: int) -> Stopped:
-        """Mark a stop (by a signal, or one found otherwise: a closed stdout's SIGPIPE) and
-        return its exception to raise: from here on stop signals are ignored."""
         self.stopped, self._deaf = signum, True
-        return Stopped(signum)
+        raise Stopped(signum)
 
     def deafen(self) -> None:
         """Ignore stop signals from here on without a stop: a clean-up after the work ended
