@@ -113,7 +113,7 @@ def run_child(cmd: list[str], env: dict[str, str] | None = None) -> Finished:
     proc: subprocess.Popen[bytes] | None = None
     captured: list[bytes] = []
     reader: threading.Thread | None = None
-    with StopGuard() as guard:
+    with StopGuard():
         try:
             # its own process group: a terminal's Ctrl-C reaches this command only, which
             # passes it on once, so the child hears it once
@@ -131,7 +131,8 @@ def run_child(cmd: list[str], env: dict[str, str] | None = None) -> Finished:
                 _end(proc, stopped.signum)
             raise
         finally:
-            guard.deafen()
+            # not deafened: a stop while the ended child's output is read still reaches the
+            # caller as Stopped, which stops the jobs after it (none is left to end)
             if reader is not None:
                 reader.join(timeout=5)
     return Finished(128 - status if status < 0 else status,
