@@ -6,6 +6,7 @@ A `sleep` process stands in for the rank: the sentinel either kills it or leaves
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from microbench.ranks.watchdog import Watchdog
 
@@ -55,3 +56,42 @@ def test_watchdog_stop_ends_its_sentinel():
     assert sentinel is not None and sentinel.poll() is None
     watchdog.stop()
     assert sentinel.returncode == 0
+
+
+def test_a_sentinel_told_so_writes_to_the_rank_s_stderr_and_holds_none_of_its_own():
+    # SAY = "rank": the message goes through /proc/PID/fd/2 to the rank's stderr pipe, and the
+    # sentinel's own stderr stays empty.
+    victim = subprocess.Popen(["sleep", "60"], stderr=subprocess.PIPE)
+    sentinel = subprocess.Popen([sys.executable, "-m", "microbench.ranks.sentinel",
+                                 str(victim.pid), "1", "3", "replay", "rank"],
+                                stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    sentinel.stdin.write(b"prefill\n")
+    sentinel.stdin.flush()
+    assert victim.wait(timeout=20) == -9
+    _, own = sentinel.communicate(timeout=10)
+    assert own == b""
+    assert victim.stderr.read().decode() == (
+        "infercomm replay: error: rank 3: no progress for 1 s during prefill (the interpreter "
+        "is stuck in a library call); a rank failed or hung, ending the run\n")
+
+
+HOLDS = """
+import os, sys, time
+from microbench.ranks.watchdog import Watchdog
+watchdog = Watchdog(30, 0).start()
+pid = watchdog._sentinel.pid
+time.sleep(0.5)
+mine = {os.readlink(f"/proc/self/fd/{n}") for n in (1, 2)}
+held = {os.readlink(f"/proc/{pid}/fd/{n}") for n in os.listdir(f"/proc/{pid}/fd")}
+watchdog.stop()
+print(sorted(mine & held), len(mine))
+"""
+
+
+def test_a_rank_s_sentinel_holds_neither_its_stdout_nor_its_stderr():
+    # Hydra took a killed rank's output held open by its sentinel for a live rank and named
+    # another rank as the one that failed (microbench/ranks/sentinel.py).
+    proc = subprocess.run([sys.executable, "-c", HOLDS], capture_output=True, text=True,
+                          timeout=60, cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[0] == "[] 2", proc.stdout  # two pipes, neither shared

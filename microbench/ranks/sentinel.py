@@ -17,7 +17,16 @@ MPI ranks are not its children, so only something beside each rank can end it. U
 launcher it kills the rank when the rank is orphaned: its parent (a process manager's proxy)
 died, which ends the job whatever the rank is doing.
 
-    python -m microbench.ranks.sentinel PID TIMEOUT RANK COMMAND
+It holds none of the rank's output descriptors. A process manager takes a rank's closed stdout
+and stderr for its end: MPICH's Hydra, with a sentinel still holding those of a rank killed by
+SIGKILL, first killed the other ranks and then named one of them in its banner as the rank
+that failed (8 of 30 runs of a two-rank job on this 2-core VM, under load; 0 of 30 with no
+descriptor held). So, where the rank's stderr can be opened again through /proc (a pipe, a
+terminal, a file), the sentinel's stderr is /dev/null and it opens the rank's only to say why
+it ends the rank (SAY = "rank"); otherwise (a socket) it inherits the rank's stderr as before
+(SAY = "inherited", the default).
+
+    python -m microbench.ranks.sentinel PID TIMEOUT RANK COMMAND [SAY]
 """
 
 import contextlib
@@ -34,11 +43,12 @@ LAUNCHER_POLL_SECONDS = 0.5
 
 
 def watch(fd: int, pid: int, timeout: float, rank: int, command: str,
-          launcher: str | None = None) -> None:
+          launcher: str | None = None, via_rank: bool = False) -> None:
     """Read heartbeats from `fd` until end of file, or kill the rank when they stop, or when
     the `--nproc` launcher (`launcher`, "PID:START") is gone."""
     where = "start-up"
     pending = b""
+    say = (lambda message: _say(message, pid)) if via_rank else _say
     last_beat = time.monotonic()
     parent = parent_of(pid)
     while True:
@@ -46,8 +56,8 @@ def watch(fd: int, pid: int, timeout: float, rank: int, command: str,
         wait = min(left, LAUNCHER_POLL_SECONDS)
         ready, _, _ = select.select([fd], [], [], max(wait, 0.0))
         if launcher and not notes.launcher_alive(launcher):
-            _say(f"infercomm {command}: error: rank {rank}: its launcher (pid "
-                 f"{launcher.partition(':')[0]}) ended; ending the rank\n")
+            say(f"infercomm {command}: error: rank {rank}: its launcher (pid "
+                f"{launcher.partition(':')[0]}) ended; ending the rank\n")
             os.kill(pid, signal.SIGKILL)
             notes.remove_launch_dir()
             return
@@ -56,15 +66,15 @@ def watch(fd: int, pid: int, timeout: float, rank: int, command: str,
             # Orphaned: the process that started the rank (MPICH's hydra_pmi_proxy, Open
             # MPI's prted, slurmstepd, torchrun's agent) is gone, and with it the job; the
             # rank would run on alone and write results of a job that failed.
-            _say(f"infercomm {command}: error: rank {rank}: the process that started it "
-                 f"(pid {parent}) ended; ending the rank\n")
+            say(f"infercomm {command}: error: rank {rank}: the process that started it "
+                f"(pid {parent}) ended; ending the rank\n")
             os.kill(pid, signal.SIGKILL)
             return
         if not ready:
             if time.monotonic() - last_beat < timeout:
                 continue  # woke up to look at the launcher
-            _say(no_progress_message(command, rank, timeout, where,
-                                     "the interpreter is stuck in a library call"))
+            say(no_progress_message(command, rank, timeout, where,
+                                    "the interpreter is stuck in a library call"))
             notes.note_stuck(rank)
             os.kill(pid, signal.SIGKILL)
             return
@@ -80,12 +90,21 @@ def watch(fd: int, pid: int, timeout: float, rank: int, command: str,
             where = lines[-2].decode(errors="replace")
 
 
-def _say(message: str) -> None:
-    """Write to the rank's stderr, which may be a pipe to a process manager that died: the
-    rank must still be ended after a write that fails (BrokenPipeError)."""
+def _say(message: str, rank_pid: int | None = None) -> None:
+    """Write to the rank's stderr: through /proc given the rank's pid, else to our own (the
+    rank's, inherited). It may be a pipe to a process manager that died, or one nobody reads
+    (non-blocking: the message is one line, under the pipe's atomic size), so a write that
+    fails is dropped: the rank must still be ended."""
     with contextlib.suppress(OSError):
-        sys.stderr.write(message)
-        sys.stderr.flush()
+        if rank_pid is None:
+            sys.stderr.write(message)
+            sys.stderr.flush()
+            return
+        fd = os.open(f"/proc/{rank_pid}/fd/2", os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
+        try:
+            os.write(fd, message.encode())
+        finally:
+            os.close(fd)
 
 
 def parent_of(pid: int) -> int | None:
@@ -106,8 +125,9 @@ def main(argv: list[str]) -> int:
     # Terminal signals meant for the rank's process group (Ctrl-C) are the rank's to handle;
     # this process ends with it through end of file.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    via_rank = len(argv) > 4 and argv[4] == "rank"
     watch(sys.stdin.fileno(), pid, timeout, rank, command,
-          os.environ.get(notes.LAUNCHER_VAR) or None)
+          os.environ.get(notes.LAUNCHER_VAR) or None, via_rank)
     return 0
 
 

@@ -30,6 +30,17 @@ def no_progress_message(command: str, rank: int, timeout: float, where: str,
             f"{during}; a rank failed or hung, ending the run\n")
 
 
+def stderr_reopens() -> bool:
+    """Whether our stderr can be opened again through /proc (a pipe, a terminal, a file can;
+    a socket cannot), as the sentinel opens it to write."""
+    try:
+        fd = os.open("/proc/self/fd/2", os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
+    except OSError:
+        return False
+    os.close(fd)
+    return True
+
+
 class Watchdog:
     def __init__(self, timeout: float, rank: int, command: str = "replay") -> None:
         self.timeout = timeout
@@ -48,10 +59,15 @@ class Watchdog:
     def start(self) -> "Watchdog":
         # Before any backend is opened: forking after MPI or CUDA initialisation is unsafe.
         notes.note_rank(self.rank)  # lets a --nproc launcher name this rank by its pid
+        # The sentinel holds none of our output descriptors where it can reach our stderr
+        # through /proc: a process manager takes our closed output for our end (sentinel.py).
+        via_rank = stderr_reopens()
         self._sentinel = subprocess.Popen(
             [sys.executable, "-m", "microbench.ranks.sentinel", str(os.getpid()),
-             f"{self.timeout:g}", str(self.rank), self.command],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, close_fds=True)
+             f"{self.timeout:g}", str(self.rank), self.command,
+             "rank" if via_rank else "inherited"],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL if via_rank else None, close_fds=True)
         self._thread.start()
         return self
 
