@@ -37,7 +37,7 @@ import sys
 import time
 
 from microbench.ranks import notes
-from microbench.ranks.watchdog import no_progress_message
+from microbench.ranks.watchdog import REOPEN_FLAGS, no_progress_message
 
 LAUNCHER_POLL_SECONDS = 0.5
 
@@ -100,7 +100,7 @@ def _say(message: str, rank_pid: int | None = None) -> None:
             sys.stderr.write(message)
             sys.stderr.flush()
             return
-        fd = os.open(f"/proc/{rank_pid}/fd/2", os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
+        fd = os.open(f"/proc/{rank_pid}/fd/2", REOPEN_FLAGS)
         try:
             os.write(fd, message.encode())
         finally:

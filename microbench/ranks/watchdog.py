@@ -20,6 +20,9 @@ from collections.abc import Callable
 from microbench.ranks import notes
 
 TIMEOUT_EXIT_STATUS = 124  # as timeout(1)
+# How the rank's stderr is opened again through /proc to write one line: at its end (a file),
+# never waiting on a full pipe, and never taking a terminal as the opener's controlling one.
+REOPEN_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | os.O_NOCTTY
 
 
 def no_progress_message(command: str, rank: int, timeout: float, where: str,
@@ -34,7 +37,7 @@ def stderr_reopens() -> bool:
     """Whether our stderr can be opened again through /proc (a pipe, a terminal, a file can;
     a socket cannot), as the sentinel opens it to write."""
     try:
-        fd = os.open("/proc/self/fd/2", os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
+        fd = os.open("/proc/self/fd/2", REOPEN_FLAGS)
     except OSError:
         return False
     os.close(fd)
