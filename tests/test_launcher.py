@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,22 @@ def wait_started(marker: str, count: int, launcher: subprocess.Popen) -> None:
     time.sleep(1.0)  # ranks past start-up, into the replay
 
 
+@contextlib.contextmanager
+def started_replay(tmp_path: Path, backend: str,
+                   *extra: str) -> Iterator[tuple[subprocess.Popen, str]]:
+    """A long replay (start_long_replay) once its ranks have started: the launcher and the
+    marker its processes carry. However the test ends, none of them outlives it."""
+    marker = uuid.uuid4().hex
+    launcher = start_long_replay(tmp_path, backend, marker, *extra)
+    try:
+        wait_started(marker, STARTED[backend], launcher)
+        yield launcher, marker
+    finally:
+        kill_leftovers(marker)
+        launcher.kill()
+        launcher.communicate()
+
+
 def wait_gone(marker: str, seconds: float) -> list[int]:
     deadline = time.monotonic() + seconds
     while (left := run_processes(marker)) and time.monotonic() < deadline:
@@ -81,10 +98,7 @@ def wait_gone(marker: str, seconds: float) -> list[int]:
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_killing_the_launcher_ends_every_process_of_the_run(tmp_path, backend, sig):
-    marker = uuid.uuid4().hex
-    launcher = start_long_replay(tmp_path, backend, marker)
-    try:
-        wait_started(marker, STARTED[backend], launcher)
+    with started_replay(tmp_path, backend) as (launcher, marker):
         launcher.send_signal(sig)  # setsid execs python in place: this is the launcher
         launcher.wait(timeout=10)
         left = wait_gone(marker, 10)
@@ -96,27 +110,16 @@ def test_killing_the_launcher_ends_every_process_of_the_run(tmp_path, backend, s
         while list(Path(tmp_path / "tmp").glob("infercomm-launch-*")):
             assert time.monotonic() < deadline, "the launch folder outlived its launcher"
             time.sleep(0.1)
-    finally:
-        kill_leftovers(marker)
-        launcher.kill()
-        launcher.communicate()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_ctrl_c_prints_one_line_exits_130_and_ends_every_rank(tmp_path, backend):
-    marker = uuid.uuid4().hex
-    launcher = start_long_replay(tmp_path, backend, marker)
-    try:
-        wait_started(marker, STARTED[backend], launcher)
+    with started_replay(tmp_path, backend) as (launcher, marker):
         os.killpg(launcher.pid, signal.SIGINT)  # a terminal's Ctrl-C: the foreground group
         _out, err = launcher.communicate(timeout=15)
         assert launcher.returncode == 130  # 128 + SIGINT(2), as a shell reports it
         assert err.splitlines() == ["infercomm: interrupted; ended every rank"], err
         assert wait_gone(marker, 10) == []
-    finally:
-        kill_leftovers(marker)
-        launcher.kill()
-        launcher.communicate()
 
 
 @needs_mpi
@@ -171,31 +174,22 @@ def rank_pids(marker: str, rank: int) -> list[int]:
 def test_a_stopped_rank_ends_the_run_with_124_within_its_timeout(tmp_path, backend):
     # Fault battery item 15: SIGSTOP of a rank with --timeout 10 ended in 10 s but exited 137
     # (its sentinel's SIGKILL); no progress is 124.
-    marker = uuid.uuid4().hex
-    launcher = start_long_replay(tmp_path, backend, marker, "--timeout", "4")
-    try:
-        wait_started(marker, STARTED[backend], launcher)
+    with started_replay(tmp_path, backend, "--timeout", "4") as (launcher, marker):
         (stopped,) = rank_pids(marker, 1)
         os.kill(stopped, signal.SIGSTOP)
         _out, err = launcher.communicate(timeout=30)
         assert launcher.returncode == 124, err
         assert "made no progress" in err and "Traceback" not in err
         assert wait_gone(marker, 10) == []
-    finally:
-        kill_leftovers(marker)
-        launcher.kill()
-        launcher.communicate()
 
 
 @needs_mpi
 def test_killing_mpis_process_manager_proxy_ends_every_rank(tmp_path):
     # Fault battery item 9: SIGKILL of hydra_pmi_proxy left the ranks running for 50 s (they
     # then wrote a run folder), and the launcher said "signal 127" for mpiexec's status 255.
-    marker = uuid.uuid4().hex
     # MPI runs the tiny model's 200,000 steps in about 2 s: 100 inferences outlast the test.
-    launcher = start_long_replay(tmp_path, "mpi", marker, "-n", "100", "--timing", "inference")
-    try:
-        wait_started(marker, STARTED["mpi"], launcher)
+    with started_replay(tmp_path, "mpi", "-n", "100", "--timing", "inference") as (launcher,
+                                                                                 marker):
         (proxy,) = [p for p in run_processes(marker)
                     if _cmdline(p)[0].endswith("hydra_pmi_proxy")]
         os.kill(proxy, signal.SIGKILL)
@@ -204,10 +198,6 @@ def test_killing_mpis_process_manager_proxy_ends_every_rank(tmp_path):
         assert "Traceback" not in err
         assert wait_gone(marker, 10) == []
         assert not list((tmp_path / "o").glob("2*")), "a run whose job failed was written"
-    finally:
-        kill_leftovers(marker)
-        launcher.kill()
-        launcher.communicate()
 
 
 def test_ucx_errors_on_mpiexecs_stdout_go_to_stderr(capfd):
@@ -233,10 +223,7 @@ def test_a_second_stop_signal_does_not_break_the_first_ones_clean_up(tmp_path, b
     # A CI run: interleave was SIGKILLed, its launcher got SIGTERM twice (its parent's death,
     # PR_SET_PDEATHSIG, and a second), and the second raised out of the first one's clean-up
     # with a traceback. Two signals at once here: SIGTERM, then SIGHUP before it is handled.
-    marker = uuid.uuid4().hex
-    launcher = start_long_replay(tmp_path, backend, marker)
-    try:
-        wait_started(marker, STARTED[backend], launcher)
+    with started_replay(tmp_path, backend) as (launcher, marker):
         launcher.send_signal(signal.SIGTERM)
         launcher.send_signal(signal.SIGHUP)
         _out, err = launcher.communicate(timeout=20)
@@ -247,10 +234,6 @@ def test_a_second_stop_signal_does_not_break_the_first_ones_clean_up(tmp_path, b
         name = signal.Signals(launcher.returncode - 128).name
         assert err.splitlines() == [f"infercomm: got {name}; ended every rank"], err
         assert wait_gone(marker, 10) == []
-    finally:
-        kill_leftovers(marker)
-        launcher.kill()
-        launcher.communicate()
 
 
 GUARDED = """

@@ -18,13 +18,11 @@ from microbench.ranks.shm import mapped_segments
 from tests.conftest import last_json
 from tests.replay_helpers import needs_mpi, tiny_model
 from tests.test_launcher import (
-    STARTED,
     kill_leftovers,
     rank_pids,
     run_processes,
-    start_long_replay,
+    started_replay,
     wait_gone,
-    wait_started,
 )
 
 pytestmark = needs_mpi
@@ -44,27 +42,19 @@ def decoy_segment():
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_a_run_ended_by_a_signal_leaves_no_segment_of_its_own(tmp_path, sig):
     # Fault 7: every MPI run ended by a signal left its 2 MB mpich_shm_* in /dev/shm.
-    marker = uuid.uuid4().hex
-    with decoy_segment() as other:
-        launcher = start_long_replay(tmp_path, "mpi", marker)
-        try:
-            wait_started(marker, STARTED["mpi"], launcher)
-            ours = sorted({s for r in (0, 1) for p in rank_pids(marker, r)
-                           for s in mapped_segments(str(p))})
-            assert ours and all(Path(s).exists() for s in ours), ours
-            assert str(other) not in ours
-            launcher.send_signal(sig)
-            launcher.wait(timeout=20)
-            assert wait_gone(marker, 15) == []
-            deadline = time.monotonic() + 5  # after SIGKILL: the sentinels' or reaper's turn
-            while any(Path(s).exists() for s in ours) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert [s for s in ours if Path(s).exists()] == [], "the run's segment was left"
-            assert other.exists(), "another job's segment was removed"
-        finally:
-            kill_leftovers(marker)
-            launcher.kill()
-            launcher.communicate()
+    with decoy_segment() as other, started_replay(tmp_path, "mpi") as (launcher, marker):
+        ours = sorted({s for r in (0, 1) for p in rank_pids(marker, r)
+                       for s in mapped_segments(str(p))})
+        assert ours and all(Path(s).exists() for s in ours), ours
+        assert str(other) not in ours
+        launcher.send_signal(sig)
+        launcher.wait(timeout=20)
+        assert wait_gone(marker, 15) == []
+        deadline = time.monotonic() + 5  # after SIGKILL: the sentinels' or reaper's turn
+        while any(Path(s).exists() for s in ours) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [s for s in ours if Path(s).exists()] == [], "the run's segment was left"
+        assert other.exists(), "another job's segment was removed"
 
 
 def _is_job_mpiexec(pid: int) -> bool:
