@@ -2,13 +2,20 @@
 
 import sys
 
+from microbench.ranks import notes
+
 
 def report_rank_failure(command: str, rank: int, err: BaseException) -> int:
     """Write `infercomm COMMAND: error: rank R: Type: first line` and return exit status 1.
 
     A peer that died or hung surfaces as the library's own error on the others (gloo's
     connection reset, a timeout); its first line says which, the rest is the library's trace.
+    Under a `--nproc` launcher, where a peer has already ended, nothing is written: the
+    launcher names that rank, and this error only follows from it (a gloo rank 0 given
+    Ctrl-C put its peer's "Connection closed by peer" beside the launcher's line).
     """
+    if notes.a_peer_ended():
+        return 1
     text = str(err).strip()
     first_line = text.splitlines()[0][:300] if text else ""
     sys.stderr.write(f"infercomm {command}: error: rank {rank}: {type(err).__name__}: "

@@ -101,6 +101,20 @@ def remove(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
+def rank_pids(folder: Path) -> list[int]:
+    """The pids of the ranks that noted themselves (note_rank)."""
+    return sorted(int(p.name[4:]) for p in folder.glob("pid-*") if p.name[4:].isdigit())
+
+
+def a_peer_ended() -> bool:
+    """Under a `--nproc` launcher: whether a rank other than this one has ended."""
+    folder = os.environ.get(LAUNCH_DIR_VAR)
+    if not folder:
+        return False
+    return any(process_start(pid) is None for pid in rank_pids(Path(folder))
+               if pid != os.getpid())
+
+
 def rank_of_pid(folder: Path, pid: int) -> int | None:
     try:
         return int((folder / f"pid-{pid}").read_text())
