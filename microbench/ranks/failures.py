@@ -1,8 +1,15 @@
 """How a rank says that a communication call failed: one line, then a non-zero exit."""
 
+import contextlib
+import os
+import signal
 import sys
 
 from microbench.ranks import notes
+
+# A rank whose stdout's reader went away (`replay | head -1`) ends with the status a shell
+# gives a writer killed by SIGPIPE, quietly; its launcher ends the run the same way.
+CLOSED_STDOUT_STATUS = 128 + signal.SIGPIPE
 
 
 def report_rank_failure(command: str, rank: int, err: BaseException) -> int:
@@ -14,6 +21,10 @@ def report_rank_failure(command: str, rank: int, err: BaseException) -> int:
     launcher names that rank, and this error only follows from it (a gloo rank 0 given
     Ctrl-C put its peer's "Connection closed by peer" beside the launcher's line).
     """
+    if isinstance(err, BrokenPipeError):
+        with contextlib.suppress(OSError):  # the interpreter's last flush then says nothing
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return CLOSED_STDOUT_STATUS
     if notes.a_peer_ended():
         return 1
     text = str(err).strip()

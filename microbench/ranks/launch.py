@@ -24,6 +24,7 @@ from microbench.ranks.children import (
     die_with_parent,
     signals_held,
 )
+from microbench.ranks.failures import CLOSED_STDOUT_STATUS
 from microbench.ranks.mpi_output import MpiBanner, mpi_status, signal_name
 from microbench.ranks.stopped import resume_stopped
 from microbench.ranks.watchdog import TIMEOUT_EXIT_STATUS
@@ -271,6 +272,8 @@ def _wait_all(procs: list[subprocess.Popen], names: list[str], folder: Path,
                     continue
                 if code == WRITE_ERROR_EXIT_STATUS:
                     continue  # rank 0 measured, said where the run went; the others end well
+                if code == CLOSED_STDOUT_STATUS:
+                    raise Stopped(signal.SIGPIPE)  # rank 0's stdout closed: quietly, as MPI
                 failed_at = time.monotonic()
                 if name == "mpiexec":
                     continue  # described once its output is read (mpi_status)
