@@ -3,7 +3,7 @@
 import argparse
 import dataclasses
 
-from microbench.argtypes import model_name, positive_int, positive_int_list
+from microbench.argtypes import model_arg, model_name, positive_int, positive_int_list
 from patterns import ENGINES, EngineOptions, Layout, Pattern, Workload, generate, resolve_model
 from patterns.engines import DEFAULT_ENGINE
 from patterns.moe import A2A_MODES, check_a2a
@@ -14,7 +14,7 @@ def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True
                           layout: bool = True) -> None:
     """layout=False: no --tp/--pp (`plan` tries every layout itself)."""
     group = parser.add_argument_group("pattern")
-    group.add_argument("--model", required=required,
+    group.add_argument("--model", required=required, type=model_arg,
                        help="preset name (see `infercomm models`) or path of a config.json")
     group.add_argument("--name", default=None, type=model_name,
                        help="the model's name in output and run folders (default: from the "
