@@ -57,6 +57,15 @@ def positive_int_list(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
+def rank_list(text: str) -> tuple[int, ...]:
+    """A comma-separated list of ranks: 0 or 0,1,3."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() and len(p) <= MAX_DIGITS for p in parts):
+        raise argparse.ArgumentTypeError(
+            f"{shown(text, 40)!r} is not a comma-separated list of ranks, e.g. 0 or 0,1")
+    return tuple(int(p) for p in parts)
+
+
 def positive_float(text: str) -> float:
     try:
         value = float(text)

@@ -3,6 +3,8 @@
 import argparse
 import json
 
+from microbench.argtypes import rank_list
+from microbench.cli.validate_checks import check_ranks, check_workload_fits
 from microbench.options.pattern_args import add_pattern_arguments, pattern_from_args
 from microbench.views.textfmt import render_table
 from patterns import Pattern
@@ -21,13 +23,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "setting that can match exactly.")
     parser.add_argument("--trace", nargs="+", required=True, metavar="FILE",
                         help="NCCL/RCCL log or Kineto JSON files")
+    parser.add_argument("--ranks", type=rank_list, default=None, metavar="R[,R...]",
+                        help="the layout's ranks the trace holds, compared alone (a profile "
+                             "of rank 0 of eight: --ranks 0); without it the trace must hold "
+                             "every rank")
     add_pattern_arguments(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    trace = None
+    if getattr(args, "requests", None):  # a workload is weighed against the trace first
+        trace = read_traces(args.trace)
+        check_workload_fits(args, trace)
     pattern = pattern_from_args(args)  # bad options end here, before reading big files
-    trace = read_traces(args.trace)
+    if trace is None:
+        trace = read_traces(args.trace)
+    check_ranks(args, trace, pattern)
     result = validate(trace, pattern)
     rows = [[str(r.rank), r.phase, r.op, f"{r.numel:,}", r.dtype,
              "?" if r.group_size is None else str(r.group_size), f"{r.trace_calls:,}",
