@@ -8,7 +8,7 @@ from pathlib import Path
 
 from microbench.argtypes import UsageError
 from microbench.results.atomic import check_writable, missing_folders, remove_made, write_atomic
-from microbench.results.runs import RunFolder, load_run
+from microbench.results.runs import RunFolder, load_run, load_sweep
 
 EXAMPLES = """\
 examples:
@@ -56,9 +56,7 @@ def _inputs(args: argparse.Namespace) -> tuple[list[RunFolder], RunFolder | None
     except ImportError:
         raise UsageError("figures need matplotlib: pip install 'infercomm[plot]'") from None
     runs = [load_run(p) for p in args.runs]
-    sweep = load_run(args.sweep) if args.sweep else None
-    if sweep is not None and sweep.kind != "sweep":
-        raise UsageError(f"--sweep {args.sweep}: a {sweep.kind} run; pass a sweep run")
+    sweep = load_sweep("--sweep", args.sweep, collectives=True) if args.sweep else None
     return runs, sweep
 
 
