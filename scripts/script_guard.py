@@ -31,14 +31,28 @@ def one_line_errors(prog: str) -> None:
     argparse.ArgumentParser.error = error  # type: ignore[method-assign]
 
 
-def option_value(argv: list[str], flag: str) -> str | None:
-    """The value of `flag` in `argv` (`--out X` or `--out=X`), None when absent."""
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
+class _Parsed(Exception):
+    pass
+
+
+def parsed_arguments(main: Callable[[], int]) -> argparse.Namespace | None:
+    """main()'s arguments as its own parser reads them, main() stopped right there: its
+    usage errors come first (one line), and what follows is checked before any work."""
+    original = argparse.ArgumentParser.parse_args
+    seen: dict[str, argparse.Namespace] = {}
+
+    def parse(parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        seen["args"] = original(parser, *args, **kwargs)  # type: ignore[arg-type]
+        raise _Parsed
+
+    argparse.ArgumentParser.parse_args = parse  # type: ignore[method-assign,assignment]
+    try:
+        main()
+    except _Parsed:
+        pass
+    finally:
+        argparse.ArgumentParser.parse_args = original  # type: ignore[method-assign]
+    return seen.get("args")
 
 
 def unwritable(folder: Path) -> str | None:
@@ -69,12 +83,12 @@ def _shown(text: object, limit: int = 200) -> str:
 
 def run(main: Callable[[], int], prog: str, needs: tuple[str, ...] = (),
         out_flag: str | None = "--out") -> int:
-    """main() under the rules of the module's note; its exit status."""
+    """main() under the rules of the module's note; its exit status. main() parses its
+    arguments (with argparse) before it does anything else."""
     one_line_errors(prog)
-    argv = sys.argv[1:]
-    if "-h" in argv or "--help" in argv:
-        return main()
-    out = option_value(argv, out_flag) if out_flag else None
+    args = parsed_arguments(main)  # --help, and usage errors, end here
+    out = getattr(args, out_flag.lstrip("-").replace("-", "_"), None) if out_flag else None
+    out = None if out is None else str(out)
     if out is not None and not Path(out).exists():
         reason = unwritable(Path(out))
         if reason is not None:
