@@ -142,7 +142,7 @@ def _run_ranks(nproc: int, backend: str, argv: list[str], env: dict[str, str],
         reader = threading.Thread(target=banner.forward, args=(procs[0].stdout,), daemon=True)
         reader.start()
         status = _wait_all(procs, ["mpiexec"], folder,
-                           _MpiWatch(procs[0].pid, banner, reaper))
+                           _MpiWatch(procs[0].pid, banner, reaper, folder, nproc))
         reader.join(timeout=5)
         if banner.closed:
             raise Stopped(signal.SIGPIPE)
@@ -237,13 +237,17 @@ class _MpiWatch:
     """Asked by _wait_all each poll under MPI: stdout closed ends the run (SIGPIPE, as a
     pipeline would); a stopped mpiexec or proxy is resumed (ranks/stopped.py)."""
 
-    def __init__(self, mpiexec: int, banner: "MpiBanner", reaper: Reaper) -> None:
+    def __init__(self, mpiexec: int, banner: "MpiBanner", reaper: Reaper, folder: Path,
+                 nproc: int) -> None:
         self.mpiexec, self.banner, self.reaper, self.last = mpiexec, banner, reaper, 0.0
+        self.folder, self.nproc, self.segments = folder, nproc, set[str]()
 
     def __call__(self) -> None:
         self.reaper.keep()
         if self.banner.closed:
             raise Stopped(signal.SIGPIPE)
+        if len(list(self.folder.glob("shm-[0-9]*"))) < self.nproc:  # ranks in MPI_Init
+            shm.note_opened(notes.rank_pids(self.folder), self.folder, self.segments)
         if time.monotonic() - self.last < 0.5:
             return
         self.last = time.monotonic()

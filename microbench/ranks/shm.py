@@ -56,10 +56,10 @@ def note_segments(rank: int) -> None:
     if not folder:
         return
     lines = [f"{path} {inode}\n" for path, inode in _mapped("self").items()]
-    if lines:
-        # OSError: the launcher is gone or its folder removed, so there is nobody to tell
-        with contextlib.suppress(OSError):
-            Path(folder, f"shm-{rank}").write_text("".join(lines))
+    # written even empty: the launcher reads it as the rank being past MPI_Init
+    # OSError: the launcher is gone or its folder removed, so there is nobody to tell
+    with contextlib.suppress(OSError):
+        Path(folder, f"shm-{rank}").write_text("".join(lines))
 
 
 def note_mapped_by(pids: list[int], folder: str | os.PathLike[str]) -> None:
@@ -67,6 +67,42 @@ def note_mapped_by(pids: list[int], folder: str | os.PathLike[str]) -> None:
     launcher's, before it ends ranks that may be inside MPI_Init, where they have made their
     segment and not yet noted it."""
     lines = [f"{path} {inode}\n" for pid in pids for path, inode in _mapped(str(pid)).items()]
+    if lines:
+        with contextlib.suppress(OSError), open(Path(folder, "shm-launcher"), "a") as note:
+            note.write("".join(lines))
+
+
+def opened_by(pid: int) -> dict[str, int]:
+    """{path: inode} of the MPI segments process `pid` holds open (MPICH keeps its segment's
+    descriptor from MPL_initshm_open to MPI_Finalize): cheaper to read than its maps, so a
+    launcher can look at its ranks while they start."""
+    found: dict[str, int] = {}
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return found
+    for fd in fds:
+        try:
+            path = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if (os.path.dirname(path) == SHM and os.path.basename(path).startswith(PREFIXES)
+                    and not path.endswith(" (deleted)")):
+                found[path] = os.stat(f"/proc/{pid}/fd/{fd}").st_ino
+        except OSError:
+            continue
+    return found
+
+
+def note_opened(pids: list[int], folder: str | os.PathLike[str], seen: set[str]) -> None:
+    """Note for the folder's removal the segments `pids` hold open that are not in `seen`
+    (updated): the launcher's look at ranks inside MPI_Init, where they have made their
+    segment and not yet noted it themselves; a rank ended there by its process manager
+    (its peer died before MPI_Init) would leave it."""
+    lines = []
+    for pid in pids:
+        for path, inode in opened_by(pid).items():
+            if path not in seen:
+                seen.add(path)
+                lines.append(f"{path} {inode}\n")
     if lines:
         with contextlib.suppress(OSError), open(Path(folder, "shm-launcher"), "a") as note:
             note.write("".join(lines))

@@ -77,7 +77,8 @@ class Watchdog:
             # its own session: signals meant for the rank's process group (a process
             # manager's, a launcher's) leave it, so it outlives the rank and sees it end
             start_new_session=True)
-        self._thread.start()
+        with rank_stop.held():  # the thread is born with them held (see _watch)
+            self._thread.start()
         return self
 
     def stop(self) -> None:
