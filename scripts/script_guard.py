@@ -108,7 +108,7 @@ def run(main: Callable[[], int], prog: str, needs: tuple[str, ...] = (),
         removed = ""
         if made and out is not None and Path(out).exists():
             shutil.rmtree(out, ignore_errors=True)
-            removed = f"; removed the half-made {out_flag} {_shown(out, 60)}"
+            removed = f"; removed the half-made {out_flag} {_shown(out)}"
         if isinstance(err, KeyboardInterrupt):
             sys.stderr.write(f"{prog}: interrupted{removed}\n")
             return 130
