@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from microbench.ranks.sentinel import parent_of
 from tests.conftest import last_json
 from tests.replay_helpers import needs_mpi, tiny_model
 from tests.test_launcher import (
@@ -90,7 +91,10 @@ def test_a_stopped_mpiexec_is_resumed_and_the_run_reported(tmp_path):
         start_new_session=True)
     try:
         deadline = time.monotonic() + 60
-        while not (found := [p for p in run_processes(marker) if _is_job_mpiexec(p)]):
+        # the launcher's child: Hydra forks before it execs its proxy, and the fork carries
+        # mpiexec's command line for a moment (two were found once)
+        while not (found := [p for p in run_processes(marker) if _is_job_mpiexec(p)
+                             and parent_of(p) == launcher.pid]):
             assert launcher.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
         (mpiexec,) = found
