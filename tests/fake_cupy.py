@@ -49,6 +49,7 @@ from tests.fake_cupy_cuda import (  # noqa: F401  (names the tests use)
 from tests.fake_cupy_nccl import (  # noqa: F401
     NCCL_PYX_SIGNATURES,
     NCCL_PYX_SIGNATURES_13,
+    REDUCTIONS,
     Communicator,
     NcclError,
     group_end,
@@ -60,7 +61,7 @@ def make_modules(version: str = "14.2.0", devices: int = 1) -> dict[str, types.M
     """sys.modules entries for cupy, cupy.cuda and cupy.cuda.nccl, on `devices` GPUs."""
     nccl = types.ModuleType("cupy.cuda.nccl")
     nccl.available = True
-    for name, value in dict(NCCL_SUM=0, NCCL_UINT8=1, NCCL_INT32=2, NCCL_INT64=4,
+    for name, value in dict(**REDUCTIONS, NCCL_UINT8=1, NCCL_INT32=2, NCCL_INT64=4,
                             NCCL_FLOAT16=6, NCCL_FLOAT32=7, NCCL_BFLOAT16=9).items():
         setattr(nccl, name, value)
     nccl.NcclCommunicator, nccl.NcclError = Communicator, NcclError

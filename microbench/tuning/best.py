@@ -100,6 +100,8 @@ def write_grid(command: str, args: argparse.Namespace, runs: list[dict[str, Any]
         "grid.json": json_text(grid), "best.csv": csv_text(rows, COLUMNS)})
     settings = len({r["setting"] for r in runs})
     partial = "" if ended is None else f" (partial: {len(runs)} of {planned} runs)"
+    from microbench.results.store import print_standin_line
+    print_standin_line(f"{command} grid")
     print(f"# infercomm {command} grid: {_count(len(runs), 'run')} of "
           f"{_count(settings, 'setting')}{partial}; "
           "margin = runner-up / best (medians of the slowest rank's samples), interval and "
