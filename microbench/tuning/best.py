@@ -118,6 +118,8 @@ def write_grid(command: str, args: argparse.Namespace, runs: list[dict[str, Any]
         from microbench.results.store import write_error_message
 
         sys.stderr.write(write_error_message(command, args.out, error, folder))
+    from microbench.results.store import gpu_standin
     return {"kind": "grid", "command": command, "settings": settings,
             "runs": len(runs), "metrics": len(rows), "complete": ended is None,
-            "not_ranked": len(wrong), "results_dir": str(folder) if folder is not None else None}
+            "not_ranked": len(wrong), "results_dir": str(folder) if folder is not None else None,
+            **({"gpu_standin": True} if gpu_standin() else {})}
