@@ -52,8 +52,8 @@ class _StoreExchange:
                          timedelta(seconds=timeout))
         if client:
             attempt = (f"infercomm/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/"
-                       f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/")
-            store = PrefixStore(attempt, store)
+                       f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}")
+            store = PrefixStore(attempt, store)  # keys: attempt + "/" + key
         self.store = store
 
     def share(self, key: str, root: int, make: Callable[[], bytes] | None,

@@ -90,7 +90,7 @@ def mixes_graphs_and_eager(pattern: Pattern, pieces: tuple[Piece, ...]) -> bool:
     captured piece holding ops the replay keeps eager between its graphs (PP send/recv, the
     sampled tokens' broadcast, host-path ops). Which communicator each eager call uses is not
     asked: NCCL_GRAPH_MIXING_SUPPORT=0 forbids it on the graph's communicator "(or
-    split-shared communicators)" (NVIDIA/nccl docs/userguide/source/env.rst @ f3b8c291), and
+    split-shared communicators)" (NVIDIA/nccl docs/userguide/source/env.rst @ 0186f08d), and
     torch's groups are split from the world's where a device is bound, the nccl backend's PP
     group is the world's communicator itself at TP1, so any of them may share one."""
     captured = [captured for _, _, captured in pieces]
