@@ -21,7 +21,7 @@ TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?= $(if $(shell command -v nvidia-smi 2>/dev/null),none,$(TORCH_CPU_INDEX))
 TORCH_INDEX_ARG := $(if $(filter-out none,$(TORCH_INDEX)),--extra-index-url $(TORCH_INDEX) --retries 1)
 
-.PHONY: setup setup-engine demo test test-quick test-slurm test-gpu test-gpu-standin lint bench clean
+.PHONY: setup setup-engine setup-megatron demo test test-quick test-slurm test-gpu test-gpu-standin lint bench clean
 
 setup: $(STAMP)
 
@@ -43,6 +43,25 @@ $(VLLM_STAMP):
 	       torchaudio torchcodec \
 	  && touch $(VLLM_STAMP) \
 	  || echo "$(VLLM_PIN) could not be installed here: tests/test_real_engine_vllm.py is skipped"
+
+# Megatron-Core, the engine tests/test_real_engine_megatron.py serves (its own venv: the same
+# CPU torch as .venv). 0.19.2's only wheel is cp311 but its metadata asks for Python >= 3.12:
+# pip is told to ignore that; numpy < 2.5 is what its torch pin allows, and triton and tqdm
+# are imported when it starts (never used on a CPU). A failed install says so in one line,
+# stamps (no retry each run; `make clean` retries) and the Megatron tests skip, naming why.
+MEGATRON_VENV ?= .venv-megatron
+MEGATRON_PIN ?= megatron-core==0.19.2
+MEGATRON_STAMP := $(MEGATRON_VENV)/.installed-stamp
+setup-megatron: $(MEGATRON_STAMP)
+
+$(MEGATRON_STAMP):
+	@echo "installing $(MEGATRON_PIN) with a CPU torch into $(MEGATRON_VENV) (a few minutes, once)"
+	@( test -x $(MEGATRON_VENV)/bin/python || $(PYTHON) -m venv $(MEGATRON_VENV) ) \
+	  && $(MEGATRON_VENV)/bin/pip install --quiet --disable-pip-version-check $(TORCH_INDEX_ARG) \
+	       --ignore-requires-python $(TORCH_PIN) $(MEGATRON_PIN) 'numpy<2.5' triton tqdm \
+	  && touch $(MEGATRON_STAMP) \
+	  || { touch $(MEGATRON_STAMP); \
+	       echo "$(MEGATRON_PIN) could not be installed here: tests/test_real_engine_megatron.py is skipped"; }
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -69,7 +88,7 @@ lint: setup
 	$(BIN)/ruff check .
 
 # The gpu-marked tests run here too, on the stand-ins (test-gpu-standin), every commit.
-test: lint setup-engine
+test: lint setup-engine setup-megatron
 	$(BIN)/python -m pytest -m "not gpu"
 	$(MAKE) test-gpu-standin
 
@@ -116,4 +135,4 @@ bench: setup
 	$(BIN)/python benchmarks/plan_layouts.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(MEGATRON_VENV) .pytest_cache .hypothesis .ruff_cache
