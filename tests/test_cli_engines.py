@@ -22,7 +22,8 @@ def test_engines_lists_every_profile_with_its_source(cli):
     rows = {r["name"]: r for r in last_json(json_out)["engines"]}
     assert set(rows) == set(ENGINES) == {"vllm", "vllm-v0", "sglang", "trtllm", "megatron"}
     assert "c8109375" in rows["vllm"]["source"] and "8905cbd4" in rows["sglang"]["source"]
-    assert "--model-runner" in rows["vllm"]["options"] and rows["megatron"]["options"] == ["--sp"]
+    assert "--model-runner" in rows["vllm"]["options"] and rows["megatron"]["options"] == [
+        "--sp", "--return-log-probs"]
     assert all(r["not_modelled"] and r["version"] for r in rows.values())
     table = out.splitlines()
     assert table[0].split() == ["engine", "follows", "version", "options"]
@@ -74,8 +75,11 @@ def test_moe_without_ep_says_so(cli):
 
 @pytest.mark.parametrize("args, message", [
     (["--engine", "vllm", "--sp"], "--sp does not apply to engine vllm; it applies to megatron"),
-    (["--engine", "megatron", "--sp", "--tp", "2", "--prompt", "13", "--decode", "1"],
-     "the prefill's T(13) tokens per sequence is not divisible by tp(2)"),
+    (["--engine", "megatron", "--sp", "--tp", "2", "--prompt", "128", "--decode", "4"],
+     "--sp: Megatron's static engine refuses sequence parallelism for the dense model "
+     "llama-3.1-8b"),
+    (["--engine", "vllm", "--return-log-probs"],
+     "--return-log-probs does not apply to engine vllm; it applies to megatron"),
     (["--gpu", "v100"], "argument --gpu: invalid choice: 'v100'"),
 ])
 def test_bad_engine_options_are_one_line(cli, args, message):
