@@ -1,6 +1,7 @@
 # Two commands from a fresh clone (both idempotent):
 #   make demo   set up, then run the main job on local ranks (no cluster needed)
-#   make test   set up (also .venv-vllm: vLLM's CPU build), then lint and run the test suite
+#   make test   set up (also .venv-vllm: vLLM's CPU build; .venv-megatron: Megatron-Core), then lint
+#               and run the test suite
 #               (Slurm tests skip unless Slurm is installed)
 #   make test-quick   lint and the fast tests (no Slurm or GPU tests, not the slowest multi-rank files), under 3 minutes
 #   make test-slurm   install Slurm if missing (root, apt; asked for by running this target), then its tests
@@ -96,7 +97,8 @@ test: lint setup-engine setup-megatron
 # durations in `pytest --durations`): under three minutes on a loaded 2-core machine. `make test`
 # runs them all.
 QUICK_SKIP ?= test_op_streaming test_predict_replay test_moe_replay_cli test_launcher test_watchdog \
-	test_real_engine_hf test_real_engine_vllm test_traces_kineto test_replay test_disagg_replay
+	test_real_engine_hf test_real_engine_vllm test_real_engine_megatron test_traces_kineto test_replay \
+	test_disagg_replay
 test-quick: lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slurm and not mpi and not gpu" \
 	  $(foreach f,$(QUICK_SKIP),--ignore=tests/$(f).py)

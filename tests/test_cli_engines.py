@@ -89,6 +89,41 @@ def test_bad_engine_options_are_one_line(cli, args, message):
     assert message in err
 
 
+def test_megatron_pattern_gathers_the_last_position_and_broadcasts_logits(cli):
+    # megatron-core 0.19.2 static engine (patterns/engines/megatron/profile.py): Llama-3.1-8B
+    # TP2 x PP2, prompt 128, decode 4 = 1 prefill + 3 decode steps. V 128256 = 256 * 501 needs
+    # no padding at TP2: the prefill gathers [1, 1, 64128] (the last position, not 128), and
+    # both stages take the broadcast of the logits [1, 1, 128256] in every step: 1 + 3.
+    status, out, _ = cli("pattern", "--engine", "megatron", "--model", "llama-3.1-8b", "--tp",
+                         "2", "--pp", "2", "--prompt", "128", "--decode", "4", "--format",
+                         "json")
+    assert status == 0
+    rows = [(r["phase"], r["stage"], r["op"], r["group"], r["shape"], r["count"])
+            for r in last_json(out)["rows"] if r["op"] in ("allgather", "broadcast")]
+    assert rows == [("prefill", 0, "broadcast", "pp", [1, 1, 128256], 1),
+                    ("prefill", 1, "allgather", "tp", [1, 1, 64128], 1),
+                    ("prefill", 1, "broadcast", "pp", [1, 1, 128256], 1),
+                    ("decode", 0, "broadcast", "pp", [1, 1, 128256], 3),
+                    ("decode", 1, "allgather", "tp", [1, 1, 64128], 3),
+                    ("decode", 1, "broadcast", "pp", [1, 1, 128256], 3)]
+
+
+def test_megatron_sp_is_refused_in_one_line(cli):
+    status, out, err = cli("pattern", "--engine", "megatron", "--model", "llama-3.1-8b",
+                           "--tp", "2", "--prompt", "128", "--decode", "1", "--sp")
+    assert (status, out) == (2, "") and len(err.strip().splitlines()) == 1
+    assert "refuses sequence parallelism for the dense model llama-3.1-8b" in err
+
+
+def test_engines_names_the_megatron_engine_and_version(cli):
+    status, out, _ = cli("engines", "--format", "json")
+    assert status == 0
+    row = next(r for r in last_json(out)["engines"] if r["name"] == "megatron")
+    assert row["version"] == "megatron-core 0.19.2"
+    assert "StaticInferenceEngine, legacy=True" in row["engine"]
+    assert any(item.startswith("the dynamic inference engine") for item in row["not_modelled"])
+
+
 def test_engine_transport_line():
     # Spec's example: V0-style numbers through a custom all-reduce engine.
     line = engine_transport_line({"custom-allreduce": 8255, "nccl": 127}, "mpi", "mpi-host")
