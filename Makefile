@@ -60,9 +60,10 @@ $(MEGATRON_STAMP):
 	@( test -x $(MEGATRON_VENV)/bin/python || $(PYTHON) -m venv $(MEGATRON_VENV) ) \
 	  && $(MEGATRON_VENV)/bin/pip install --quiet --disable-pip-version-check $(TORCH_INDEX_ARG) \
 	       --ignore-requires-python $(TORCH_PIN) $(MEGATRON_PIN) 'numpy<2.5' triton tqdm \
+	       > $(MEGATRON_VENV)/install.log 2>&1 \
 	  && touch $(MEGATRON_STAMP) \
-	  || { touch $(MEGATRON_STAMP); \
-	       echo "$(MEGATRON_PIN) could not be installed here: tests/test_real_engine_megatron.py is skipped"; }
+	  || { mkdir -p $(MEGATRON_VENV) && touch $(MEGATRON_STAMP); \
+	       echo "$(MEGATRON_PIN) could not be installed here (pip said why: $(MEGATRON_VENV)/install.log): tests/test_real_engine_megatron.py is skipped"; }
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
