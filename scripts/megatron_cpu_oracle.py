@@ -180,4 +180,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # the ranks were stopped on the way out (launch)
+        print("megatron oracle: interrupted; every rank stopped", file=sys.stderr)
+        sys.exit(130)
