@@ -33,6 +33,13 @@ _vocab_size_with_padding`). Static batching captures no CUDA graphs (not by defa
 Sequence parallelism: the static loop refuses it unless the model is MoE with TP and EP > 1
 (text_generation_controller.py 3469-3486, "Sequence parallellism is only supported for static
 batching with MoE models"); MoE is not modelled here, so `--sp` is refused.
+
+Not modelled: the dynamic engine (`inference/engines/dynamic_engine.py`, what
+`StaticInferenceEngine` builds unless `legacy=True`, falling back to the legacy loop where it
+cannot, as on a CPU: `pin_memory` needs CUDA). Its steps feed every active request's tokens
+as one packed sequence [1, T] (`_dynamic_step_forward_logits`, text_generation_controller.py
+810-856, which at PP also broadcasts the logits [1, R, V] from the last stage), with
+CUDA-graph batch padding and chunked prefill in `inference/contexts/dynamic_context.py`.
 """
 
 from patterns.engine_base import EngineInfo, register
@@ -55,7 +62,10 @@ INFO = EngineInfo(
         "the dynamic inference engine (DynamicInferenceEngine: the default of recent "
         "releases, and what StaticInferenceEngine runs without legacy=True): its steps pack "
         "every request's tokens [T, 1, h] with CUDA-graph padding and chunked prefill",
-        "MoE models and their token dispatchers (refused)",
+        "MoE models (refused): at TP the static engine's default all-gather dispatcher "
+        "gathers each MoE layer's routing map (bool [T, E]), probabilities [T, E] and tokens "
+        "[T, h] over TP and reduce-scatters the experts' output [tp*T, h] (core/transformer/"
+        "moe/token_dispatcher.py 278-300, 352-365; seen serving a tiny MoE here)",
         "sequence parallelism (the static engine runs it only for MoE models with EP; refused)",
         "fp32_residual_connection (PP tensors in fp32)",
     ),
