@@ -23,7 +23,7 @@ def decode_step(m, batch=3, tp=2):
     # batch 3 pads to the capture size 4 ([1, 2, 4, 8, ...]: rules.v1_capture_sizes)
     pattern = generate("vllm", m, Layout(tp=tp), Workload(8, 2, batch=batch),
                        EngineOptions(gpu="h100"))
-    return [run.step for run in pattern.stages[0] if run.phase.value == "decode"][0]
+    return next(run.step for run in pattern.stages[0] if run.phase.value == "decode")
 
 
 def first_two(step):
