@@ -87,7 +87,8 @@ test: lint setup-engine
 # durations in `pytest --durations`): under three minutes on a loaded 2-core machine. `make test`
 # runs them all.
 QUICK_SKIP ?= test_op_streaming test_predict_replay test_moe_replay_cli test_launcher test_watchdog \
-	test_real_engine_hf test_real_engine_vllm test_traces_kineto test_replay test_disagg_replay
+	test_real_engine_hf test_real_engine_vllm test_real_engine_hybrid test_traces_kineto test_replay \
+	test_disagg_replay
 test-quick: lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slurm and not mpi and not gpu" \
 	  $(foreach f,$(QUICK_SKIP),--ignore=tests/$(f).py)
