@@ -24,6 +24,7 @@ OPTION_FLAGS: dict[str, str] = {
     "nccl_only": "--nccl-only",
     "model_runner": "--model-runner",
     "sp": "--sp",
+    "return_log_probs": "--return-log-probs",
     "max_num_seqs": "--max-num-seqs",
     "moe_backend": "--moe-backend",
     "a2a": "--a2a",
