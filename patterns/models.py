@@ -10,6 +10,7 @@ from pathlib import Path
 from patterns.config_checks import check_fields, check_shape, read_config_json
 from patterns.dtypes import canonical_dtype
 from patterns.errors import ConfigError, printable, shown
+from patterns.quantization import QuantScheme, quantization_scheme
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,9 @@ class ModelConfig:
     # `sliding_window` and `layer_types`); 0 / () where every layer attends to everything.
     sliding_window: int = 0
     sliding_layers: tuple[int, ...] = ()
+    # quantization_config as vLLM loads it (patterns/quantization.py); None: not quantized,
+    # or a preset (its weight_format stands for its config's scheme)
+    quantization: QuantScheme | None = None
 
     def __post_init__(self) -> None:
         if self.moe_layers is None:
@@ -332,6 +336,7 @@ def from_hf_config(path: str | Path) -> ModelConfig:
         moe_layers=_moe_layers(raw, values["num_hidden_layers"], experts),
         mla=bool(raw.get("kv_lora_rank")),
         **_weight_shapes(raw),
+        quantization=quantization_scheme(raw, where),
         **_sliding(raw, values["num_hidden_layers"], where),
         max_position_embeddings=(positions if isinstance(positions, int)
                                  and not isinstance(positions, bool) and positions > 0 else 0),

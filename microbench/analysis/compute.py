@@ -36,11 +36,11 @@ from patterns.layout import Layout
 from patterns.models import ModelConfig
 from patterns.shapes import padded_vocab, stage_layer_counts
 from patterns.weights import (
-    LayerWeights,
-    _bytes,
     _head_dim,
     kv_bytes_per_token_layer,
+    layer_bytes,
     layer_weights,
+    scheme_of,
 )
 
 
@@ -79,10 +79,10 @@ def stage_work(model: ModelConfig, layout: Layout, dtype: str) -> list[StageWork
                 held = -(-experts // ep_size) if ep_size > 1 else experts / tp
                 routed_rank = held * 3 * model.hidden_size * inter
                 routed += model.num_experts_per_tok * 3 * model.hidden_size * inter / tp
-            kept = LayerWeights(w.linear, w.experts - routed_rank, w.plain)
-            dense += kept.linear + kept.experts + kept.plain
-            dense_bytes += _bytes(model, kept, b)
-            routed_bytes += _bytes(model, LayerWeights(0.0, routed_rank, 0.0), b)
+            dense += w.linear + w.experts - routed_rank + w.plain
+            kept, routed_stored = layer_bytes(model, layer, tp, ep_size, b)
+            dense_bytes += kept
+            routed_bytes += routed_stored
         first += count
         if stage == layout.pp - 1:  # the LM head: used and read every step
             dense += vocab_rank
@@ -94,8 +94,10 @@ def stage_work(model: ModelConfig, layout: Layout, dtype: str) -> list[StageWork
 
 
 def _peak(model: ModelConfig, gpu: str) -> float:
-    spec = GPU_SPECS[gpu]
-    return spec.fp8_flops if model.weight_format == "fp8" else spec.bf16_flops
+    """An fp8 checkpoint whose activations are fp8 too (W8A8) runs at the fp8 rate where the
+    GPU has one (an A100 runs it weight-only, at bf16's); any other at bf16's."""
+    spec, scheme = GPU_SPECS[gpu], scheme_of(model)
+    return spec.fp8_flops if scheme is not None and scheme.fp8_compute else spec.bf16_flops
 
 
 def step_floor_us(model: ModelConfig, layout: Layout, dtype: str, gpu: str,
