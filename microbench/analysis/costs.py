@@ -36,8 +36,15 @@ def call_time_us(fits: FitTable, op: Op) -> float:
     return fit.time_us(size)
 
 
+_STREAMS: dict[int, tuple[FitTable, bool]] = {}
+
+
 def _has_stream(fits: FitTable) -> bool:
-    return any(k[0] == SweepOp.STREAM.value for k in fits)
+    """Whether the sweep has a stream (looked up once a table: it is asked every transfer)."""
+    known = _STREAMS.get(id(fits))
+    if known is None or known[0] is not fits:
+        known = _STREAMS[id(fits)] = (fits, any(k[0] == SweepOp.STREAM.value for k in fits))
+    return known[1]
 
 
 def gap_us(fits: FitTable, op: Op) -> float:
@@ -151,7 +158,7 @@ class Costs:
 
     def __init__(self, pattern: Pattern, topology: Topology) -> None:
         self.layout, self.topology = pattern.layout, topology
-        self.cache: dict[tuple[int, int, Op], Cost] = {}
+        self.cache: dict[tuple[int, int, int], Cost] = {}
         # the same call of another layer (ops differ by tag alone) at the same level: priced
         # once (its notes are said the first time, the same for every layer)
         self.by_level: dict[tuple[Any, ...], Cost] = {}
@@ -170,7 +177,7 @@ class Costs:
         rpn, layout = self.topology.ranks_per_node, self.layout
         place = (0 if op.group in DP_GROUPS or not rpn
                  else dp_rank * layout.tp * layout.pp % rpn)
-        key = (place, stage, op)
+        key = (place, stage, id(op))  # ops live as long as their pattern, and this
         cost = self.cache.get(key)
         if cost is None:
             cost = self.cache[key] = self._cost(dp_rank, stage, op)

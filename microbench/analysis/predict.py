@@ -202,11 +202,12 @@ def _units(pattern: Pattern, topology: Topology) -> list[list[int]]:
     layout = pattern.layout
     replicas = pattern.dp_stages or (pattern.stages,)
     rpn, size = topology.ranks_per_node, layout.tp * layout.pp
-    seen: dict[tuple[object, int], int] = {}
+    seen: dict[tuple[int, int], int] = {}
     # Equal replicas (no dp_stages) differ only by their node offset, which repeats every
-    # rpn DP ranks: that many stand for a million replicas.
+    # rpn DP ranks: that many stand for a million replicas. A replica is told by its object
+    # (hashing its runs hashed every call of every step, once a DP rank).
     for d in range(layout.dp if pattern.dp_stages else min(layout.dp, max(rpn or 0, 1))):
-        seen.setdefault((replicas[d % len(replicas)], d * size % rpn if rpn else 0), d)
+        seen.setdefault((id(replicas[d % len(replicas)]), d * size % rpn if rpn else 0), d)
     distinct = {id(r): r for r in replicas}.values()  # equal replicas are often one object
     if layout.dp > 1 and any(op.group in DP_GROUPS for replica in distinct
                              for runs in replica for run in runs for op in run.step.ops):
