@@ -258,12 +258,15 @@ def _memory_fields(need: DeploymentMemory, hardware: Hardware) -> tuple[Any, ...
 
 def plan(model: ModelConfig, gpus: int, make_pattern: Callable[[Layout], Pattern],
          topology: Topology, budget: Budget, hardware: Hardware = Hardware(),
-         unloadable: list[str] | None = None) -> tuple[list[Priced], list[str]]:
+         unloadable: list[str] | None = None,
+         progress: Callable[[int, int], None] | None = None,
+         ) -> tuple[list[Priced], list[str]]:
     """Every valid layout priced, best first: those that fit in memory, then those meeting
     the budget, then by the objective's floor (communication plus compute), then by volume.
     The first that fits is marked best; those that do not fit stay in the list, after the
     others, with `fits_memory` False (never best). Layouts the engine would not load
-    (patterns/engines/vllm/loadable.py) go to `unloadable` with its reason, unpriced."""
+    (patterns/engines/vllm/loadable.py) go to `unloadable` with its reason, unpriced.
+    `progress(done, total)` is told as each layout is done."""
     kept, refused = valid_layouts(model, gpus)
     from patterns.engines.vllm.loadable import load_refusal
     loads = []
@@ -279,7 +282,9 @@ def plan(model: ModelConfig, gpus: int, make_pattern: Callable[[Layout], Pattern
     kept = loads
     priced = []
     reasons: list[str] = []  # the engine's refusals, without the layout
-    for shape in kept:
+    for done, shape in enumerate(kept):
+        if progress is not None:
+            progress(done, len(kept))
         try:  # the engine profile refuses what it cannot model
             pattern = make_pattern(layout_of(shape))
         except ConfigError as err:

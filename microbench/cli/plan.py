@@ -185,6 +185,10 @@ def workload_lanes(args: argparse.Namespace, model: Any, engine_gpu: str) -> Any
     from patterns.engines.workloads import workload_pattern
     from patterns.workload.requests import read_requests
     requests = list(read_requests(args.requests))
+    from microbench.analysis.layouts import valid_layouts
+    from microbench.cli.plan_output import refuse_costly_workload
+    shapes, _ = valid_layouts(model, args.gpus)
+    refuse_costly_workload(len(requests), len({(s.tp, s.dp * s.pp) for s in shapes}))
     options = options_from_args(argparse.Namespace(**{**vars(args), "gpu": engine_gpu}))
     step_time_s = None if args.step_time_ms is None else args.step_time_ms / 1e3
     if step_time_s is not None and step_time_s * 1e6 < 1:  # as workload_args refuses it
@@ -289,10 +293,14 @@ def run(args: argparse.Namespace) -> int:
     # first one once collection is back on nor the one at exit (1.2 s of 6.7 s of CPU); the
     # price is that garbage cycles alive at that moment are never collected.
     unloadable: list[str] = []
+    from microbench.cli.plan_output import Progress, interrupted
     gc.disable()
     try:
-        priced, refused = plan(model, args.gpus, make_pattern, topology, budget, hardware,
-                               unloadable)
+        with Progress(f"{model.name} on {args.gpus:,} GPUs") as progress:
+            priced, refused = plan(model, args.gpus, make_pattern, topology, budget,
+                                   hardware, unloadable, progress)
+    except KeyboardInterrupt:
+        interrupted()
     finally:
         gc.freeze()
         gc.enable()

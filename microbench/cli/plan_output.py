@@ -6,6 +6,8 @@ import argparse
 import json
 import os
 import sys
+import threading
+import time
 from typing import Any
 
 from microbench.argtypes import UsageError
@@ -96,3 +98,68 @@ def plan_output(args: argparse.Namespace, doc: dict[str, Any], priced: list[Any]
                         "kv_capacity_tokens": best.kv_capacity_tokens}},
                       separators=(",", ":"))
     return plan_text(doc, priced, scope) + disagg_text + "\n" + line
+
+
+class Progress:
+    """A line on stderr every `every` seconds while plan prices (none for a plan done
+    sooner): the layouts done of all and the time so far. A thread writes it, so a layout
+    that takes long to price (a large --requests) is heard from too."""
+
+    def __init__(self, what: str, every: float = 2.0) -> None:
+        self.what, self.every = what, every
+        self.done, self.total = 0, 0
+        self.start = time.monotonic()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __call__(self, done: int, total: int) -> None:
+        self.done, self.total = done, total
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.every):
+            try:
+                sys.stderr.write(f"infercomm plan: {self.what}: {self.done} of "
+                                 f"{self.total or '?'} layouts priced, "
+                                 f"{time.monotonic() - self.start:.0f} s so far\n")
+                sys.stderr.flush()
+            except (OSError, ValueError):  # stderr gone: the plan goes on, silently
+                return
+
+    def __enter__(self) -> "Progress":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+
+
+def interrupted() -> None:
+    """Ctrl-C: the one line and status 130 at once. A plan's heap (a large workload's
+    steps, gigabytes) took the interpreter's exit seconds to free, object by object;
+    nothing is left to write, so the process ends without it."""
+    try:
+        sys.stderr.write("infercomm plan: interrupted\n")
+        sys.stderr.flush()
+    finally:
+        os._exit(130)
+
+
+# What one request on one lane arrangement costs to schedule and price, measured: 100,000
+# requests over 1,024 GPUs (405B, 8 arrangements of tp and dp x pp) took 32 s of CPU
+# (benchmarks/plan_workload.py --count 100000): 40 us each.
+REQUEST_LANE_S = 40e-6
+MAX_PLAN_CPU_S = 300.0
+
+
+def refuse_costly_workload(requests: int, arrangements: int) -> None:
+    """A workload whose pricing would run past MAX_PLAN_CPU_S: refused before any work,
+    saying what it would cost (each request is scheduled once per distinct tp and dp x pp
+    of the layouts)."""
+    estimate = requests * arrangements * REQUEST_LANE_S
+    if estimate > MAX_PLAN_CPU_S:
+        fewer = int(MAX_PLAN_CPU_S / (arrangements * REQUEST_LANE_S))
+        raise UsageError(f"--requests of {requests:,} over {arrangements} arrangements of tp "
+                         f"and dp x pp would take about {estimate / 60:.0f} minutes of CPU to "
+                         f"price (40 us a request and arrangement); plan prices up to "
+                         f"{MAX_PLAN_CPU_S / 60:.0f}: give at most {fewer:,} requests, or "
+                         "fewer --gpus")
