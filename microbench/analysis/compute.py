@@ -26,6 +26,7 @@ engine is slower than this; what the floor shows is what no kernel can go below.
 """
 
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -42,6 +43,11 @@ from patterns.weights import (
     layer_weights,
     scheme_of,
 )
+
+# The KV cache's element for the floors' cache reads: None the serving dtype's, "uint8" for
+# --kv-cache-dtype fp8 (one byte). plan sets it while it prices (layouts.plan), so every floor
+# of a plan reads the cache as the engine stores it without each caller passing it on.
+KV_CACHE_DTYPE: ContextVar[str | None] = ContextVar("kv_cache_dtype", default=None)
 
 
 @dataclass(frozen=True)
@@ -111,7 +117,8 @@ def step_floor_us(model: ModelConfig, layout: Layout, dtype: str, gpu: str,
 
 
 @cache
-def _floor_terms(model: ModelConfig, layout: Layout, dtype: str, gpu: str) -> tuple[Any, ...]:
+def _floor_terms(model: ModelConfig, layout: Layout, dtype: str, gpu: str,
+                 kv_dtype: str | None = None) -> tuple[Any, ...]:
     """What `step_floor_us` reads of a layout, looked up once: (peak, bandwidth, head_dim,
     KV bytes a token and layer, EP spread, top-k, per run of alike stages its terms)."""
     work: list[tuple[Any, ...]] = []  # stages alike in a row: one term added `count` times
@@ -123,16 +130,23 @@ def _floor_terms(model: ModelConfig, layout: Layout, dtype: str, gpu: str) -> tu
         else:
             work.append((*term, 1))
     return (_peak(model, gpu), GPU_SPECS[gpu].hbm_bytes_per_s, _head_dim(model),
-            kv_bytes_per_token_layer(model, layout.tp, dtype),
+            kv_bytes_per_token_layer(model, layout.tp, kv_dtype or dtype),
             layout.dp if layout.ep else 1, model.num_experts_per_tok, tuple(work))
 
 
-@cache
 def step_floor(model: ModelConfig, layout: Layout, dtype: str,
                gpu: str) -> Callable[[int, float, int, float], float]:
     """`step_floor_us` of one layout, what does not vary step to step looked up once (plan
-    prices thousands of steps a layout under --requests)."""
-    peak, bandwidth, d, kv_token, spread, top_k, work = _floor_terms(model, layout, dtype, gpu)
+    prices thousands of steps a layout under --requests); the KV cache's element as
+    KV_CACHE_DTYPE says."""
+    return _step_floor(model, layout, dtype, gpu, KV_CACHE_DTYPE.get())
+
+
+@cache
+def _step_floor(model: ModelConfig, layout: Layout, dtype: str, gpu: str,
+                kv_dtype: str | None) -> Callable[[int, float, int, float], float]:
+    peak, bandwidth, d, kv_token, spread, top_k, work = _floor_terms(model, layout, dtype, gpu,
+                                                                     kv_dtype)
 
     def floor(prefill_tokens: int, prefill_pairs: float, decode_seqs: int,
               context: float) -> float:
@@ -159,7 +173,8 @@ def step_floors(model: ModelConfig, layout: Layout, dtype: str, gpu: str,
     float pairs and contexts: plan's --requests prices thousands a layout): the same
     operations in the same order on each element, so the same floats."""
     import numpy as np
-    peak, bandwidth, d, kv_token, spread, top_k, work = _floor_terms(model, layout, dtype, gpu)
+    peak, bandwidth, d, kv_token, spread, top_k, work = _floor_terms(model, layout, dtype, gpu,
+                                                                     KV_CACHE_DTYPE.get())
     tokens = prefill_tokens + decode_seqs
     routing = tokens * spread
     total = np.zeros(len(tokens))

@@ -280,21 +280,13 @@ def plan(model: ModelConfig, gpus: int, make_pattern: Callable[[Layout], Pattern
         raise ConfigError(f"no layout of {gpus} ranks loads {model.name}: "
                           f"{load_refusal(model, kept[0].tp, kept[0].ep)}")
     kept = loads
-    priced = []
-    reasons: list[str] = []  # the engine's refusals, without the layout
-    for done, shape in enumerate(kept):
-        if progress is not None:
-            progress(done, len(kept))
-        try:  # the engine profile refuses what it cannot model
-            pattern = make_pattern(layout_of(shape))
-        except ConfigError as err:
-            refused.append(f"{label(shape)}: {err}")
-            reasons.append(str(err))
-            continue
-        try:  # a call the sweeps cannot price, with no stand-in, leaves this layout out
-            priced.append(price(pattern, shape, topology, budget, hardware))
-        except UsageError as err:
-            refused.append(f"{label(shape)}: not priced: {err}")
+    from microbench.analysis.compute import KV_CACHE_DTYPE
+    kv_token = KV_CACHE_DTYPE.set("uint8" if hardware.kv_cache_dtype == "fp8" else None)
+    try:
+        priced, reasons = _price_all(kept, make_pattern, topology, budget, hardware, refused,
+                                     progress)
+    finally:
+        KV_CACHE_DTYPE.reset(kv_token)
     if kept and len(reasons) == len(kept) and len(set(reasons)) == 1:
         # every layout refused for one reason, the options' own (--moe-backend for a dense
         # model, a flag the engine does not read): that reason, not the layout rules
@@ -314,3 +306,26 @@ def plan(model: ModelConfig, gpus: int, make_pattern: Callable[[Layout], Pattern
     if priced[0].fits_memory:
         priced[0] = replace(priced[0], best=True)
     return priced, refused
+
+
+def _price_all(kept: list[Shape], make_pattern: Callable[[Layout], Pattern],
+               topology: Topology, budget: Budget, hardware: Hardware, refused: list[str],
+               progress: Callable[[int, int], None] | None) -> tuple[list[Priced], list[str]]:
+    """Each loadable layout priced, or refused (to `refused`) with the engine's or the
+    sweeps' reason; also the engine's reasons alone."""
+    priced: list[Priced] = []
+    reasons: list[str] = []  # the engine's refusals, without the layout
+    for done, shape in enumerate(kept):
+        if progress is not None:
+            progress(done, len(kept))
+        try:  # the engine profile refuses what it cannot model
+            pattern = make_pattern(layout_of(shape))
+        except ConfigError as err:
+            refused.append(f"{label(shape)}: {err}")
+            reasons.append(str(err))
+            continue
+        try:  # a call the sweeps cannot price, with no stand-in, leaves this layout out
+            priced.append(price(pattern, shape, topology, budget, hardware))
+        except UsageError as err:
+            refused.append(f"{label(shape)}: not priced: {err}")
+    return priced, reasons

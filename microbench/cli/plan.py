@@ -184,11 +184,13 @@ def workload_lanes(args: argparse.Namespace, model: Any, engine_gpu: str) -> Any
     from microbench.options.pattern_args import options_from_args
     from patterns.engines.workloads import workload_pattern
     from patterns.workload.requests import read_requests
-    requests = list(read_requests(args.requests))
     from microbench.analysis.layouts import valid_layouts
-    from microbench.cli.plan_output import refuse_costly_workload
+    from microbench.cli.plan_output import declared_requests, refuse_costly_workload
     shapes, _ = valid_layouts(model, args.gpus)
-    refuse_costly_workload(len(requests), len({(s.tp, s.dp * s.pp) for s in shapes}))
+    arrangements = len({(s.tp, s.dp * s.pp) for s in shapes})
+    refuse_costly_workload(declared_requests(args.requests), arrangements)  # before reading
+    requests = list(read_requests(args.requests))
+    refuse_costly_workload(len(requests), arrangements)
     options = options_from_args(argparse.Namespace(**{**vars(args), "gpu": engine_gpu}))
     step_time_s = None if args.step_time_ms is None else args.step_time_ms / 1e3
     if step_time_s is not None and step_time_s * 1e6 < 1:  # as workload_args refuses it

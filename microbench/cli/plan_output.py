@@ -151,6 +151,22 @@ REQUEST_LANE_S = 40e-6
 MAX_PLAN_CPU_S = 300.0
 
 
+def declared_requests(source: str) -> int:
+    """How many requests --requests holds, read before they are: a poisson spec's count, a
+    file's lines (a header or blank line counted too: an estimate)."""
+    if source.startswith("poisson:"):
+        for part in source.removeprefix("poisson:").split(","):
+            key, _, value = part.partition("=")
+            if key.strip() == "count" and value.strip().isdigit() and len(value) < 9:
+                return int(value)
+        return 0
+    try:
+        with open(source, "rb") as f:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    except OSError:
+        return 0  # the reader says what is wrong with it
+
+
 def refuse_costly_workload(requests: int, arrangements: int) -> None:
     """A workload whose pricing would run past MAX_PLAN_CPU_S: refused before any work,
     saying what it would cost (each request is scheduled once per distinct tp and dp x pp
@@ -159,7 +175,6 @@ def refuse_costly_workload(requests: int, arrangements: int) -> None:
     if estimate > MAX_PLAN_CPU_S:
         fewer = int(MAX_PLAN_CPU_S / (arrangements * REQUEST_LANE_S))
         raise UsageError(f"--requests of {requests:,} over {arrangements} arrangements of tp "
-                         f"and dp x pp would take about {estimate / 60:.0f} minutes of CPU to "
-                         f"price (40 us a request and arrangement); plan prices up to "
-                         f"{MAX_PLAN_CPU_S / 60:.0f}: give at most {fewer:,} requests, or "
-                         "fewer --gpus")
+                         f"and dp x pp would take about {estimate:,.0f} s of CPU to price (40 us "
+                         f"a request and arrangement); plan prices up to {MAX_PLAN_CPU_S:.0f} s: "
+                         f"give at most {fewer:,} requests, or fewer --gpus")
