@@ -180,12 +180,12 @@ def workload_lanes(args: argparse.Namespace, model: Any, engine_gpu: str) -> Any
     requests read once; None otherwise."""
     if not getattr(args, "requests", None) or args.speculative_config:
         return None
+    from microbench.analysis.layouts import valid_layouts
     from microbench.analysis.workload_plan import lanes_of
+    from microbench.cli.plan_output import declared_requests, refuse_costly_workload
     from microbench.options.pattern_args import options_from_args
     from patterns.engines.workloads import workload_pattern
     from patterns.workload.requests import read_requests
-    from microbench.analysis.layouts import valid_layouts
-    from microbench.cli.plan_output import declared_requests, refuse_costly_workload
     shapes, _ = valid_layouts(model, args.gpus)
     arrangements = len({(s.tp, s.dp * s.pp) for s in shapes})
     refuse_costly_workload(declared_requests(args.requests), arrangements)  # before reading
