@@ -59,7 +59,7 @@ def test_spanning_is_counted_as_the_groups_enumerate_it():
      "--gpus-per-node 65,536 is beyond any node"),
 ])
 def test_counts_no_deployment_has_are_refused_at_once(argv, message):
-    proc, seconds = infercomm(*PLAN, *argv, timeout=60)
+    proc, _ = infercomm(*PLAN, *argv, timeout=60)
     assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr
 
