@@ -26,7 +26,7 @@ def _run(argv: list[str], monkeypatch) -> dict:
 
 
 def _find(model: str, gpus: str, extra: str | None = None) -> list[str]:
-    found = [a for a in PLANS if a[a.index("--model") + 1] == model
+    found = [a for a in PLANS if "--model" in a and a[a.index("--model") + 1] == model
              and a[a.index("--gpus") + 1] == gpus and (extra is None or extra in a)]
     assert len(found) == 1, f"the page shows no single plan of {model} on {gpus} GPUs"
     return found[0]

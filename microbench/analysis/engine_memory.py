@@ -30,14 +30,20 @@ Each term here, per rank of a pipeline stage:
   with --eager.
 - communication buffers (non-torch): NCCL's, per communicator of more than one rank,
   16 channels x 2 ring peers x (4 MiB Simple + 4.5 MiB LL128 + 0.25 MiB LL) (NCCL's
-  NCCL_BUFFSIZE / NCCL_LL128_BUFFSIZE defaults), two a TP, DP or EP group (torch's process
-  group and vLLM's PyNccl communicator), one a PP group; vLLM's custom all-reduce
+  NCCL_BUFFSIZE / NCCL_LL128_BUFFSIZE defaults), two a TP group (torch's process group and
+  vLLM's PyNccl communicator), one a PP group, two each for DP attention's DP and EP groups (a
+  dense model's DP replicas are separate engines); vLLM's custom all-reduce
   (custom_all_reduce.py 74, 207-217: 8 MiB + its 16 MiB gather / reduce-scatter buffer) on
   a TP group of 2-8.
-- non-torch reserve: what the named terms do not cover (cuBLAS / FlashInfer / DeepGEMM
-  workspaces, Triton's scratch, allocator fragmentation) is one reserve a GPU, held against
-  the logs docs/predict-plan.md lists (Qwen3-235B-FP8 TP4 on 4 H100: 178,880 tokens;
-  gpt-oss-120b on one H100: -2.14 GiB; Llama-3.1-405B-FP8 TP8: 57.75 GiB of weights).
+- MoE workspace (persistent, `moe_workspace_bytes`).
+- non-torch reserve: what the named terms do not cover (cuBLAS / attention workspaces,
+  Triton's scratch, allocator fragmentation, the CUDA context's growth), one figure a GPU,
+  the only one fitted: against three public logs on H100s at vLLM's defaults (Meta's
+  Llama-3.1-405B-FP8 at TP8 starts with its 131,072 context, vllm#6689, weights 57.75 GiB,
+  vllm#6746; Qwen3-235B-A22B-FP8 at TP4 holds 178,880 tokens, vllm#21348; gpt-oss-120b on
+  one H100 has -2.14 GiB for its KV cache, vllm#23278) every reserve from 3.5 to 4.4 GiB
+  gives all three (405B fits, Qwen3 within 15%, gpt-oss refused); each log alone asks
+  4.4-4.7 GiB (older vLLMs' sort-based sampler among what it holds): 4 GiB.
 
 The KV cache: what `available` holds, per token the rank's K and V (or MLA's latent) of
 every full-attention layer and, for a sliding-window layer, of its window only (vLLM's
@@ -148,9 +154,12 @@ def activation_reserve_bytes(model: ModelConfig, tp: int, dtype: str, tokens: in
 
 
 def _communication(layout: Layout, per_node: int) -> int:
-    groups = [(layout.tp, 2), (layout.dp if layout.dp > 1 else 1, 2),
-              (layout.dp * layout.tp if layout.ep and layout.dp > 1 else 1, 2),
-              (layout.pp, 1)]
+    """NCCL's buffers of the rank's communicators and the custom all-reduce's (module doc).
+    A dense model's DP replicas are separate engines, with no group between them; DP
+    attention's ranks (EP) share a DP and an EP group."""
+    groups = [(layout.tp, 2), (layout.pp, 1)]
+    if layout.ep and layout.dp > 1:
+        groups += [(layout.dp, 2), (layout.dp * layout.tp, 2)]
     total = sum(count * NCCL_COMMUNICATOR_BYTES for size, count in groups if size > 1)
     if 2 <= layout.tp <= min(8, per_node):
         total += CUSTOM_ALLREDUCE_BYTES

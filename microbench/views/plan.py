@@ -51,7 +51,8 @@ def memory_lines(doc: dict[str, Any], priced: list[Any]) -> list[str]:
         terms = best.memory["overhead"]
         lines.append(f"  best's rank: weights {best.weight_bytes / gib:.2f} GiB, overhead "
                      f"{terms['total_bytes'] / gib:.2f} GiB (profile peak "
-                     f"{terms['profile_peak_bytes'] / gib:.2f}, CUDA graphs "
+                     f"{terms['profile_peak_bytes'] / gib:.2f}, MoE workspace "
+                     f"{terms['moe_workspace_bytes'] / gib:.2f}, CUDA graphs "
                      f"{terms['cuda_graph_bytes'] / gib:.2f}, communication "
                      f"{terms['communication_bytes'] / gib:.2f}, non-torch reserve "
                      f"{terms['non_torch_reserve_bytes'] / gib:.2f}), KV cache "
@@ -119,7 +120,7 @@ def plan_text(doc: dict[str, Any], priced: list[Any], scope: str) -> str:
     unfit = [p for p in priced if not p.fits_memory]
     lines = [f"plan: {doc['model']} on {doc['gpus']} GPUs ({doc['gpus_per_node']} per node), "
              f"{what}, engine {doc['engine']}, {doc['gpu']} "
-             f"({doc['gpu_memory_gib']:g} GiB, {doc['gpu_memory_utilization']:g} of it used)"
+             f"({doc['gpu_memory_gib']:.2f} GiB, {doc['gpu_memory_utilization']:g} of it used)"
              + (f"; budget {', '.join(budgets)}" if budgets else ""),
              f"from sweep {doc['sweep']}" + (f", inter-node sweep {doc['sweep_inter']}"
                                               if doc["sweep_inter"] else "")
