@@ -87,16 +87,17 @@ def plan_output(args: argparse.Namespace, doc: dict[str, Any], priced: list[Any]
             sys.stderr.write(f"infercomm plan: note: {n}\n")
         return csv_rows(priced)
     best = next((p for p in priced if p.best), None)
-    line = json.dumps({"model": args.model, "gpus": args.gpus,
-                       "allreduce_algo": doc["allreduce_algo"], "layouts": len(priced),
-                       "fit": sum(p.fits_memory for p in priced), "refused": len(refused),
-                       "not_loadable": len(doc.get("not_loadable", [])),
-                       "best": None if best is None else
-                       {"tp": best.shape.tp, "pp": best.shape.pp, "dp": best.shape.dp,
-                        "ep": best.shape.ep, f"{args.objective}_floor_us":
-                        round(best.totals()[args.objective], 3),
-                        "kv_capacity_tokens": best.kv_capacity_tokens}},
-                      separators=(",", ":"))
+    short: dict[str, Any] = {"model": args.model, "gpus": args.gpus,
+                             "allreduce_algo": doc["allreduce_algo"], "layouts": len(priced),
+                             "fit": sum(p.fits_memory for p in priced),
+                             "refused": len(refused)}
+    if doc.get("not_loadable"):
+        short["not_loadable"] = len(doc["not_loadable"])
+    short["best"] = None if best is None else {
+        "tp": best.shape.tp, "pp": best.shape.pp, "dp": best.shape.dp, "ep": best.shape.ep,
+        f"{args.objective}_floor_us": round(best.totals()[args.objective], 3),
+        "kv_tokens": best.kv_capacity_tokens}
+    line = json.dumps(short, separators=(",", ":"))
     return plan_text(doc, priced, scope) + disagg_text + "\n" + line
 
 
