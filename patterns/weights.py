@@ -35,6 +35,7 @@ from functools import cache
 
 from patterns.dtypes import DTYPE_BYTES
 from patterns.errors import ConfigError
+from patterns.hybrid import check_hybrid_use
 from patterns.layout import Layout
 from patterns.models import ModelConfig
 from patterns.quantization import PRESET_SCHEMES, Format, QuantScheme
@@ -169,6 +170,7 @@ def layer_bytes(model: ModelConfig, layer: int, tp: int, ep_size: int,
 
 def stage_bytes(model: ModelConfig, layout: Layout, dtype: str) -> list[float]:
     """Each pipeline stage's weight bytes on one of its ranks."""
+    check_hybrid_use(model.name, model.hybrid, None, "a rank's memory (weights, KV cache)")
     dtype_bytes = DTYPE_BYTES[dtype]
     tp, pp = layout.tp, layout.pp
     ep_size = layout.dp * tp if layout.ep else 1
@@ -190,6 +192,7 @@ def stage_bytes(model: ModelConfig, layout: Layout, dtype: str) -> list[float]:
 
 def kv_bytes_per_token_layer(model: ModelConfig, tp: int, dtype: str) -> int:
     """One token's cache in one layer on one rank of a TP group of `tp`."""
+    check_hybrid_use(model.name, model.hybrid, None, "a rank's memory (weights, KV cache)")
     if _mla(model):
         return (model.kv_lora_rank + model.qk_rope_head_dim) * DTYPE_BYTES[dtype]
     kv_heads = max(model.num_key_value_heads // tp, 1)

@@ -342,3 +342,34 @@ def caveats(sweep_meta: dict[str, Any], pattern: Pattern,
                    f"{pattern.layout.world_size}: contention between its groups is not "
                    "in the fits")
     return out
+
+
+# Calls that reduce: their cost per byte depends on the element type (an MPI library sums
+# fp32 with its built-in op and bf16 with a user-defined one; NCCL's kernels differ too).
+REDUCING = frozenset({OpKind.ALLREDUCE, OpKind.REDUCESCATTER})
+
+
+def dtype_caveats(sweep_rows: list[dict[str, Any]], pattern: Pattern) -> list[str]:
+    """A reduction of the pattern in a dtype the sweep never measured for that op: its fit,
+    made of other dtypes' times, prices another reduction than the one the pattern issues.
+    Calls that only move bytes (gathers, sends) cost the same whatever their dtype."""
+    swept: dict[str, set[str]] = {}
+    for row in sweep_rows:
+        swept.setdefault(str(row.get("op")), set()).add(str(row.get("dtype")))
+    used: dict[str, set[str]] = {}
+    for replica in pattern.replicas():
+        for runs in replica:
+            for run in runs:
+                for op in run.step.ops:
+                    if op.kind in REDUCING:
+                        used.setdefault(op.kind.value, set()).add(op.dtype)
+    out = []
+    for kind, dtypes in sorted(used.items()):
+        have = swept.get(kind)
+        missing = sorted(dtypes - have) if have else []
+        if missing:
+            out.append(f"the pattern's {kind} calls are {', '.join(missing)} and the sweep "
+                       f"measured {kind} in {', '.join(sorted(have))} only: a reduction's "
+                       "time depends on its dtype, so these calls are priced from another "
+                       f"dtype's times (sweep with --dtype {missing[0]})")
+    return out
