@@ -186,3 +186,16 @@ def test_max_model_len_beyond_the_context_is_refused(cli):
                            "4", "--gpus-per-node", "4", "--max-model-len", "50000", *RUN)
     assert status == 2 and out == ""
     assert "--max-model-len 50,000 is beyond" in err and "give at most 40,960" in err
+
+
+def test_a_card_runs_the_engine_rules_of_its_architecture(cli):
+    # The 40 GB A100 takes vLLM's A100 defaults, max_num_seqs 256 and max_num_batched_tokens
+    # 2048 (patterns/engines/vllm/rules.py, engine/arg_utils.py:2529-2551 @ c8109375), and
+    # its own memory: 40,960 MiB x 0.9.
+    status, out, err = cli("plan", "--model", "llama-3.1-8b", "--gpus", "8", "--gpus-per-node",
+                           "8", "--gpu", "a100-40gb", *RUN)
+    assert status == 0, err
+    doc = last_json(out)
+    assert (doc["max_num_seqs"], doc["max_batched_tokens"]) == (256, 2048)
+    assert doc["memory_limit_bytes"] == int(40960 / 1024 * 0.9 * GIB)
+    assert any(n.startswith("--gpu a100-40gb: memory") for n in doc["notes"])

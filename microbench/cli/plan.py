@@ -309,6 +309,13 @@ def run(args: argparse.Namespace) -> int:
     notes = sorted({n for p in priced for n in p.notes})
     notes += unstable_sizes(sweep_table(sweep))  # analysis/fits.py: UNSTABLE_FACTOR
     notes += checkpoint_notes(model, args.gpu)
+    if engine_gpu != args.gpu and "gpu" in ENGINE_INFO[args.engine].options:
+        notes.append(f"--gpu {args.gpu}: memory, FLOP/s and bandwidth its own; the engine's "
+                     f"calls and transports as on the {engine_gpu} (the architecture its "
+                     "profile models; vLLM's ROCm transports are not modelled)"
+                     if args.gpu.startswith("mi") else
+                     f"--gpu {args.gpu}: memory, FLOP/s and bandwidth its own; the engine's "
+                     f"calls and transports as on the {engine_gpu}, the same architecture")
     doc = document(args, priced, refused, notes)
     doc.update({"max_model_len": max_model_len, "kv_cache_dtype": args.kv_cache_dtype,
                 "max_num_seqs": hardware.max_num_seqs,
