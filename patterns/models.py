@@ -12,6 +12,7 @@ from patterns.dtypes import canonical_dtype
 from patterns.errors import ConfigError, printable, shown
 from patterns.families import embedding_traits
 from patterns.hybrid import Block, HybridLayers, hybrid_layer_count, read_hybrid
+from patterns.quantization import QuantScheme, quantization_scheme
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,9 @@ class ModelConfig:
     multimodal: bool = False
     embedding_scaled: bool = False
     norm_fusion: bool = True
+    # quantization_config as vLLM loads it (patterns/quantization.py); None: not quantized,
+    # or a preset (its weight_format stands for its config's scheme)
+    quantization: QuantScheme | None = None
 
     def __post_init__(self) -> None:
         if self.moe_layers is None:
@@ -357,6 +361,7 @@ def from_hf_config(path: str | Path) -> ModelConfig:
                     else _moe_layers(raw, values["num_hidden_layers"], experts)),
         mla=bool(raw.get("kv_lora_rank")),
         **_weight_shapes(raw),
+        quantization=quantization_scheme(raw, where),
         **({} if hybrid else _sliding(raw, values["num_hidden_layers"], where)),
         hybrid=hybrid, **embedding_traits(top, family),
         max_position_embeddings=(positions if isinstance(positions, int)
