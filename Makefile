@@ -120,7 +120,9 @@ test-slurm: setup
 	INFERCOMM_INSTALL_SLURM=1 $(BIN)/python -m pytest -m slurm
 
 # Every gpu-marked test (tests/test_gpu_*.py) on this node's GPUs, with CuPy (the cuda extra,
-# for --backend nccl): its install must succeed, or the nccl tests would only skip. Each launch
+# for --backend nccl): its install must succeed, or the nccl tests would only skip; a torch
+# that sees no GPU (a CPU build) or the stand-ins switched on are refused before any test
+# (INFERCOMM_GPU_REQUIRED, tests/conftest.py), or every test would skip and pass. Each launch
 # has its own wall-clock limit, so a hang fails its test instead of the command; a test needing
 # more GPUs than the node has skips, saying how many.
 test-gpu: setup
@@ -128,7 +130,7 @@ test-gpu: setup
 	  || { echo "make test-gpu: the cuda extra (cupy-cuda12x) did not install; the nccl GPU tests need it" >&2; exit 1; }
 	$(BIN)/python -c "import cupy; cupy.cuda.runtime.getDeviceCount()" \
 	  || { echo "make test-gpu: CuPy is installed but sees no GPU (a CuPy for another CUDA?)" >&2; exit 1; }
-	$(BIN)/python -m pytest -m gpu -v -rs -p no:cacheprovider tests
+	INFERCOMM_GPU_REQUIRED=1 $(BIN)/python -m pytest -m gpu -v -rs -p no:cacheprovider tests
 
 # The same gpu-marked tests on stand-ins (tests/gpu_standin.py): fake CUDA devices, streams,
 # events and graphs, fake CuPy with its NCCL communicator, fake torch.cuda and NCCL process

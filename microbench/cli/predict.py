@@ -111,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
     if args.against is not None:
         replay, pattern, measured = measured_medians(args.against,
                                                      rebuild=args.model is None)
+    from microbench.results.runs import refuse_mixed_standins
+    refuse_mixed_standins([sweep, *(r for r in (inter, replay) if r is not None)])
     if args.model is not None:
         missing = [f"--{n}" for n in ("prompt", "decode") if getattr(args, n) is None]
         if missing and not args.requests:  # a workload brings its own prompts and outputs

@@ -52,20 +52,15 @@ from typing import Any
 
 from microbench.argtypes import UsageError
 from microbench.backends import Backend, BoundCall
+from microbench.replay.graph_spans import kept_eager
 from microbench.replay.plan import BoundOp, BoundRun, Plan
-from patterns import OpKind, Pattern, Phase
+from patterns import Pattern, Phase
 from patterns.ops import Transport
 
 MODES = ("decode", "none")
 CAPTURING_BACKENDS = ("torch", "nccl")
 
 Capture = Callable[[list[BoundCall]], BoundCall]
-P2P = (OpKind.SEND, OpKind.RECV)
-# Groups whose calls an engine issues between its stages' graphs, never inside one: the PP
-# send/recv and the last stage's broadcast of the sampled tokens, which vLLM Model Runner V2
-# issues after sampling, outside the captured forward (v1/worker/gpu/pp_utils.py `PPHandler`,
-# v1/worker/gpu/model_runner.py @ c8109375, as patterns/engines/vllm/profile.py cites them).
-EAGER_GROUPS = ("pp", "pp_broadcast")
 
 
 def eager_pattern_mode(pattern: Pattern, requested: str | None) -> str | None:
@@ -207,8 +202,7 @@ def _captured_step(ops: list[BoundOp], capture: Capture, graphs: list[BoundCall]
     stretch: list[BoundCall] = []
     for op in ops:
         host_path = op.op is not None and op.op.transport == Transport.GLOO
-        if op.op is not None and (op.op.kind in P2P or op.op.group in EAGER_GROUPS
-                                  or host_path):
+        if op.op is not None and kept_eager(op.op):
             if stretch:
                 graphs.append(capture(stretch))
                 calls.append(graphs[-1])

@@ -11,7 +11,14 @@ from microbench.ranks import cpus
 from microbench.replay import aggregate
 from microbench.replay.plan import Plan
 from microbench.replay.replayer import RankSamples
-from microbench.results.store import base_meta, csv_text, json_text, write_run_or_keep
+from microbench.results.store import (
+    base_meta,
+    csv_text,
+    gpu_standin,
+    json_text,
+    print_standin_line,
+    write_run_or_keep,
+)
 from microbench.views.pattern import pattern_summary, title
 from microbench.views.replay import replay_table
 from patterns import Pattern
@@ -105,6 +112,7 @@ def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.
     # write error it names where the run was kept instead (None if nowhere could take it).
     summary["results_dir"] = str(folder) if folder is not None else None
     summary["kept_dir"] = folder
+    print_standin_line("replay")  # the output's first line: no GPU was touched
     text = cpus.warning("replay", where)
     if text:
         print(text)
@@ -118,6 +126,8 @@ def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.
                  "prefill_us", "decode_step_us", "decode_step_p99_us", "e2e_us",
                  "calls_per_inference", "wrong", "results_dir"]
     summary["last_line"] = {k: summary[k] for k in last_keys}
+    if gpu_standin():
+        summary["last_line"]["gpu_standin"] = True
     if summary["workload"] is not None:
         summary["last_line"]["workload"] = summary["workload"]
     return summary

@@ -207,6 +207,8 @@ def _write(sizes: list[int], count: int, args: argparse.Namespace, gathered: lis
              "summary.json": json_text(summary)}
     label = args.label or f"sweep-kvtransfer-{args.kv_transport}-{args.kv_direction}"
     folder, error = write_run_or_keep(args.out, label, files)
+    from microbench.results.store import print_standin_line
+    print_standin_line("sweep")
     print(f"# {OP}: {count} descriptors of size_bytes each, one transfer a row "
           f"({args.kv_transport}, {args.kv_direction}); count = descriptors")
     print(sweep_table(rows, head, hosts, False))
