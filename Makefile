@@ -21,7 +21,7 @@ TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?= $(if $(shell command -v nvidia-smi 2>/dev/null),none,$(TORCH_CPU_INDEX))
 TORCH_INDEX_ARG := $(if $(filter-out none,$(TORCH_INDEX)),--extra-index-url $(TORCH_INDEX) --retries 1)
 
-.PHONY: setup setup-engine demo test test-quick test-slurm test-gpu test-gpu-standin lint bench clean
+.PHONY: setup setup-engine setup-rdma-libs demo test test-quick test-slurm test-gpu test-gpu-standin lint bench clean
 
 setup: $(STAMP)
 
@@ -52,6 +52,10 @@ $(STAMP): pyproject.toml
 	# skip where it does not, so a failed install only says so.
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[nixl]' \
 	  || echo "nixl-cu12 could not be installed here: replay --kv-transport nixl and its tests are skipped"
+	# Mooncake's transfer engine (replay --kv-transport mooncake), its CPU build; its tests skip
+	# without it, or without the libraries of setup-rdma-libs.
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[mooncake]' \
+	  || echo "mooncake-transfer-engine-non-cuda could not be installed here: replay --kv-transport mooncake and its tests are skipped"
 	# transformers (a real engine whose TP traces validate runs against); its tests skip without it.
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[engine]' \
 	  || echo "transformers could not be installed here: tests/test_real_engine_hf.py is skipped"
@@ -68,8 +72,22 @@ demo: setup
 lint: setup
 	$(BIN)/ruff check .
 
+# Mooncake's engine.so links libibverbs, librdmacm and libnuma even for TCP. Installing system
+# packages is asked for, never implied (as Slurm's: .ci/run asks): with
+# INFERCOMM_INSTALL_RDMA_LIBS=1, root and apt, the missing ones are installed; else, or where
+# that fails, the Mooncake tests skip, each naming the library.
+RDMA_LIBS ?= libibverbs1 librdmacm1 libnuma1
+setup-rdma-libs:
+	@missing=$$(for p in $(RDMA_LIBS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
+	    | grep -q 'ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ] && [ "$$INFERCOMM_INSTALL_RDMA_LIBS" = 1 ]; then \
+	  { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      --no-install-recommends $$missing >/dev/null 2>&1; } \
+	  || echo "$$(echo $$missing) could not be installed here (root and apt needed): the --kv-transport mooncake tests are skipped"; \
+	fi
+
 # The gpu-marked tests run here too, on the stand-ins (test-gpu-standin), every commit.
-test: lint setup-engine
+test: lint setup-engine setup-rdma-libs
 	$(BIN)/python -m pytest -m "not gpu"
 	$(MAKE) test-gpu-standin
 
@@ -77,7 +95,8 @@ test: lint setup-engine
 # durations in `pytest --durations`): under three minutes on a loaded 2-core machine. `make test`
 # runs them all.
 QUICK_SKIP ?= test_op_streaming test_predict_replay test_moe_replay_cli test_launcher test_watchdog \
-	test_real_engine_hf test_real_engine_vllm test_traces_kineto test_replay test_disagg_replay
+	test_real_engine_hf test_real_engine_vllm test_traces_kineto test_replay test_disagg_replay \
+	test_mooncake_replay
 test-quick: lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slurm and not mpi and not gpu" \
 	  $(foreach f,$(QUICK_SKIP),--ignore=tests/$(f).py)

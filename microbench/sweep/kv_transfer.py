@@ -21,7 +21,13 @@ from typing import Any
 import numpy as np
 
 from microbench.argtypes import UsageError
-from microbench.backends.kv_transports import PairDescs, Role, open_transport
+from microbench.backends.kv_transports import (
+    PairDescs,
+    Role,
+    check_transport_here,
+    mooncake_options,
+    open_transport,
+)
 from microbench.options.disagg_args import DEFAULT_DESCRIPTORS, choose_kv_transport
 from patterns.disagg import Pair
 
@@ -59,9 +65,7 @@ def check_args(args: argparse.Namespace) -> tuple[list[int], int]:
                          f"{2 * count * max(sizes):,} bytes a rank; keep it within "
                          f"{MAX_BUFFER:,} (lower -e or --kv-descriptors)")
     choose_kv_transport(args)
-    if args.kv_transport == "nixl":
-        from microbench.backends.kv_transports import import_nixl
-        import_nixl()
+    check_transport_here(args)
     if args.device == "cuda":
         raise UsageError("--op kvtransfer moves host memory; drop --device cuda")
     return sizes, count
@@ -103,7 +107,8 @@ def _rank(sizes: list[int], count: int, env: Any, args: argparse.Namespace) -> i
         backend = open_backend(args.backend, env=env, device="cpu", timeout=args.timeout,
                                staging=False)
         transport = open_transport(args.kv_transport, backend.rank,
-                                   getattr(backend, "comm", None), args.nixl_progress_thread)
+                                   getattr(backend, "comm", None), args.nixl_progress_thread,
+                                   mooncake_options(args))
         whole = transport.allocate(2 * count * max(sizes))
         whole[:] = (np.arange(whole.size) % 251).astype(np.uint8) if backend.rank == 0 else 0
         results = []

@@ -1,0 +1,139 @@
+"""`replay --disagg ... --kv-transport mooncake` and `sweep --op kvtransfer --kv-transport
+mooncake`: real bytes through Mooncake's transfer engine over TCP on loopback, between ranks
+started as a user starts them, checked at the receiver; a dead peer ends the run; bad input
+refused in one line before any rank starts.
+
+Where Mooncake cannot run here (the wheel, or the RDMA libraries its engine.so links even for
+TCP, is missing), each test skips with the one line `infercomm` itself would print.
+"""
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from microbench.argtypes import UsageError
+from microbench.backends.mooncake_transport import import_mooncake, rdma_devices
+from tests.replay_helpers import infercomm, last_json, tiny_model
+
+
+def _missing() -> str:
+    try:
+        import_mooncake()
+    except UsageError as err:
+        return (f"{err} (make test installs the libraries where INFERCOMM_INSTALL_RDMA_LIBS=1, "
+                "as .ci/run does)")
+    return ""
+
+
+MISSING = _missing()
+needs_mooncake = pytest.mark.skipif(bool(MISSING), reason=MISSING)
+
+# tiny (tests/replay_helpers): 4 layers, 4 KV heads of 16 dims, bf16; SGLang's pages of 1.
+# Prompt 20, tp1 -> tp2: each decode rank takes 2 heads, 2 x 32 = 64 bytes a token slice, a
+# slice a token, layer and K or V: 20 x 4 x 2 = 160 descriptors a pair, 320 in all, 20,480
+# bytes (20 tokens x 4 layers x 2 x 4 heads x 32 bytes), in 8 batches a pair.
+DISAGG = ["--disagg", "prefill=tp1,decode=tp2", "--engine", "sglang"]
+
+
+def replay(tmp_path, *argv, env=None, timeout=120):
+    return infercomm("replay", "--model", tiny_model(tmp_path), "--prompt", "20", "--decode",
+                     "4", "-w", "1", "--out", str(tmp_path / "runs"), *argv, env=env,
+                     timeout=timeout)
+
+
+@needs_mooncake
+def test_sglang_tp1_to_tp2_over_mooncake_tcp_checked(tmp_path):
+    proc, _ = replay(tmp_path, *DISAGG, "--kv-transport", "mooncake", "--check", "-n", "3")
+    assert proc.returncode == 0, proc.stderr
+    last = last_json(proc.stdout)
+    assert (last["kv_transport"], last["kv_transfer_bytes"], last["wrong"]) == \
+        ("mooncake", 20_480, 0)
+    run = Path(last["results_dir"])
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["descriptors"], summary["pairs"], summary["world_size"]) == (320, 2, 3)
+    versions = json.loads((run / "meta.json").read_text())["versions"]
+    assert versions["mooncake"].startswith("mooncake-transfer-engine")
+    assert versions["mooncake_protocol"] == "tcp"
+    # Mooncake's own log (glog: "Logging before InitGoogleLogging", its INFO and start-up
+    # lines) stays out of the output
+    assert "InitGoogleLogging" not in proc.stderr and "transfer_engine" not in proc.stderr
+    assert "segment descriptor" not in proc.stderr, proc.stderr
+
+
+@needs_mooncake
+def test_kvtransfer_sweep_over_mooncake(tmp_path):
+    # One size, 8 descriptors of 1 KiB written by rank 0 (SGLang's direction), one batch,
+    # checked byte by byte at rank 1.
+    proc, _ = infercomm("sweep", "--op", "kvtransfer", "--kv-transport", "mooncake",
+                        "--kv-direction", "write", "--sizes", "1K", "--kv-descriptors", "8",
+                        "-n", "3", "-w", "1", "-c", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    last = last_json(proc.stdout)
+    assert (last["cases"], last["wrong"], last["transport"]) == (1, 0, "mooncake")
+    rows = (Path(last["results_dir"]) / "sweep.csv").read_text().splitlines()
+    assert rows[1].startswith("kvtransfer,1024,8,uint8,2,")
+
+
+@needs_mooncake
+def test_a_dead_decode_rank_ends_every_rank(tmp_path):
+    # Decode rank 2 is killed (SIGKILL) at the second transfer, after its barrier: prefill
+    # rank 0's next batch to it fails (Mooncake returns -1: connection refused) or the
+    # launcher sees the death first; either way every rank ends within seconds, not at the
+    # --timeout of 60 s.
+    proc, seconds = replay(tmp_path, *DISAGG, "--kv-transport", "mooncake", "-n", "50",
+                           "--timeout", "60", env={"INFERCOMM_FAULT": "kill:2:2"})
+    assert proc.returncode not in (0, 2), proc.stderr
+    assert seconds < 45, seconds
+    assert "rank 2" in proc.stderr or "returned -1" in proc.stderr, proc.stderr
+    assert str(-signal.SIGKILL) in proc.stderr or "SIGKILL" in proc.stderr or \
+        "returned -1" in proc.stderr, proc.stderr
+
+
+@needs_mooncake
+@pytest.mark.parametrize("argv, words", [
+    (["--mooncake-host", "192.0.2.1"], "--mooncake-host 192.0.2.1 is not an address of this "
+                                       "host"),
+    (["--mooncake-host", "no-such-host.invalid"], "--mooncake-host no-such-host.invalid does "
+                                                  "not resolve"),
+    (["--mooncake-protocol", "efa"], "argument --mooncake-protocol: invalid choice: 'efa'"),
+])
+def test_bad_mooncake_input_one_line(tmp_path, cli, argv, words):
+    status, out, err = cli("replay", "--model", tiny_model(tmp_path), "--prompt", "20",
+                           "--decode", "4", *DISAGG, "--kv-transport", "mooncake", *argv,
+                           "--out", str(tmp_path / "runs"))
+    assert (status, out) == (2, "")
+    assert words in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "runs").exists()
+
+
+@needs_mooncake
+@pytest.mark.skipif(bool(rdma_devices()), reason="this host has RDMA devices")
+def test_rdma_without_a_device_is_refused(tmp_path, cli):
+    # Mooncake's engine would fall back to TCP without a word; the run would be TCP's.
+    status, out, err = cli("replay", "--model", tiny_model(tmp_path), "--prompt", "20",
+                           "--decode", "4", *DISAGG, "--kv-transport", "mooncake",
+                           "--mooncake-protocol", "rdma", "--out", str(tmp_path / "runs"))
+    assert (status, out) == (2, "")
+    assert "--mooncake-protocol rdma: this host has no RDMA device" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--kv-transport", "torch", "--mooncake-protocol", "tcp"],
+     "--mooncake-protocol act(s) with --kv-transport mooncake"),
+    (["--kv-transport", "torch", "--mooncake-host", "127.0.0.1"],
+     "--mooncake-host act(s) with --kv-transport mooncake"),
+])
+def test_mooncake_options_without_mooncake_refused(tmp_path, cli, argv, words):
+    status, out, err = cli("replay", "--model", tiny_model(tmp_path), "--prompt", "20",
+                           "--decode", "4", *DISAGG, *argv, "--out", str(tmp_path / "runs"))
+    assert (status, out) == (2, "")
+    assert words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_mooncake_options_refused_without_disagg(cli):
+    status, _, err = cli("replay", "--model", "llama-3.1-8b", "--tp", "2", "--prompt", "8",
+                         "--decode", "2", "--mooncake-protocol", "tcp")
+    assert status == 2 and "--mooncake-protocol" in err and "add --disagg" in err
