@@ -7,24 +7,32 @@ Where Mooncake cannot run here (the wheel, or the RDMA libraries its engine.so l
 TCP, is missing), each test skips with the one line `infercomm` itself would print.
 """
 
+import builtins
 import json
-import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from microbench.argtypes import UsageError
-from microbench.backends.mooncake_transport import import_mooncake, rdma_devices
+from microbench.backends import mooncake_transport
+from microbench.backends.mooncake_transport import engine_address, import_mooncake, rdma_devices
 from tests.replay_helpers import infercomm, last_json, tiny_model
 
 
 def _missing() -> str:
-    try:
-        import_mooncake()
-    except UsageError as err:
-        return (f"{err} (make test installs the libraries where INFERCOMM_INSTALL_RDMA_LIBS=1, "
-                "as .ci/run does)")
-    return ""
+    """What `infercomm` would say is missing, asked of a child process: Mooncake's engine.so
+    (and its libraries) stay out of pytest's own process."""
+    probe = subprocess.run(
+        [sys.executable, "-c", "from microbench.backends.mooncake_transport import "
+         "import_mooncake\ntry:\n    import_mooncake()\nexcept Exception as err:\n"
+         "    print(err)"], capture_output=True, text=True, timeout=60, check=False)
+    said = (probe.stdout.strip() or probe.stderr.strip()).splitlines()
+    if not said:
+        return ""
+    return (f"{said[-1]} (make test installs the libraries where INFERCOMM_INSTALL_RDMA_LIBS=1, "
+            "as .ci/run does)")
 
 
 MISSING = _missing()
@@ -44,7 +52,7 @@ def replay(tmp_path, *argv, env=None, timeout=120):
 
 
 @needs_mooncake
-def test_sglang_tp1_to_tp2_over_mooncake_tcp_checked(tmp_path):
+def test_sglang_tp1_to_tp2_over_mooncake_tcp_checked(tmp_path, cli):
     proc, _ = replay(tmp_path, *DISAGG, "--kv-transport", "mooncake", "--check", "-n", "3")
     assert proc.returncode == 0, proc.stderr
     last = last_json(proc.stdout)
@@ -60,6 +68,10 @@ def test_sglang_tp1_to_tp2_over_mooncake_tcp_checked(tmp_path):
     # lines) stays out of the output
     assert "InitGoogleLogging" not in proc.stderr and "transfer_engine" not in proc.stderr
     assert "segment descriptor" not in proc.stderr, proc.stderr
+    # report names the library that moved the bytes
+    status, _, err = cli("report", str(run), "-o", str(tmp_path / "r.html"))
+    assert status == 0, err
+    assert f"{versions['mooncake']} (tcp)" in (tmp_path / "r.html").read_text()
 
 
 @needs_mooncake
@@ -86,12 +98,10 @@ def test_a_dead_decode_rank_ends_every_rank(tmp_path):
                            "--timeout", "60", env={"INFERCOMM_FAULT": "kill:2:2"})
     assert proc.returncode not in (0, 2), proc.stderr
     assert seconds < 45, seconds
-    assert "rank 2" in proc.stderr or "returned -1" in proc.stderr, proc.stderr
-    assert str(-signal.SIGKILL) in proc.stderr or "SIGKILL" in proc.stderr or \
-        "returned -1" in proc.stderr, proc.stderr
+    assert "rank 2 ended with signal SIGKILL" in proc.stderr or \
+        "batch_transfer_sync_write of 20 blocks to rank 2" in proc.stderr, proc.stderr
 
 
-@needs_mooncake
 @pytest.mark.parametrize("argv, words", [
     (["--mooncake-host", "192.0.2.1"], "--mooncake-host 192.0.2.1 is not an address of this "
                                        "host"),
@@ -108,7 +118,6 @@ def test_bad_mooncake_input_one_line(tmp_path, cli, argv, words):
     assert not (tmp_path / "runs").exists()
 
 
-@needs_mooncake
 @pytest.mark.skipif(bool(rdma_devices()), reason="this host has RDMA devices")
 def test_rdma_without_a_device_is_refused(tmp_path, cli):
     # Mooncake's engine would fall back to TCP without a word; the run would be TCP's.
@@ -137,3 +146,41 @@ def test_mooncake_options_refused_without_disagg(cli):
     status, _, err = cli("replay", "--model", "llama-3.1-8b", "--tp", "2", "--prompt", "8",
                          "--decode", "2", "--mooncake-protocol", "tcp")
     assert status == 2 and "--mooncake-protocol" in err and "add --disagg" in err
+
+
+def test_where_each_engine_listens(monkeypatch):
+    # one host: loopback, or the address given; several: each host's own address, refused
+    # where the name resolves to loopback (Debian's 127.0.1.1) or one address is given for all
+    assert engine_address(["a", "a", "a"], None) == "127.0.0.1"
+    assert engine_address(["a", "a"], "10.1.2.3") == "10.1.2.3"
+    monkeypatch.setattr(mooncake_transport.socket, "gethostname", lambda: "node7")
+    monkeypatch.setattr(mooncake_transport.socket, "gethostbyname",
+                        lambda name: {"node7": "10.0.0.7"}[name])
+    assert engine_address(["node7", "node8"], None) == "10.0.0.7"
+    with pytest.raises(UsageError, match="ranks run on 2 hosts; drop it"):
+        engine_address(["node7", "node8"], "10.0.0.7")
+    monkeypatch.setattr(mooncake_transport.socket, "gethostbyname", lambda name: "127.0.1.1")
+    with pytest.raises(UsageError, match=r"node7 resolves to 127\.0\.1\.1, which the others"):
+        engine_address(["node7", "node8"], None)
+
+
+@pytest.mark.parametrize("error, words", [
+    # what the dynamic loader says where Debian's libibverbs1 is not installed (seen here
+    # with it removed: `apt-get remove libibverbs1`)
+    ("libibverbs.so.1: cannot open shared object file: No such file or directory",
+     "Mooncake's engine.so needs libibverbs.so.1, which this host lacks (it links the RDMA "
+     "libraries even for TCP): apt-get install libibverbs1 librdmacm1 libnuma1"),
+    ("No module named 'mooncake'", "pip install 'infercomm[mooncake]'"),
+])
+def test_what_is_missing_said_in_one_line(monkeypatch, error, words):
+    real = builtins.__import__
+
+    def without_mooncake(name, *args, **kwargs):
+        if name.startswith("mooncake"):
+            raise ImportError(error)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", without_mooncake)
+    with pytest.raises(UsageError) as err:
+        import_mooncake()
+    assert words in str(err.value) and "\n" not in str(err.value)

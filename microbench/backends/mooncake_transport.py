@@ -70,7 +70,6 @@ def check_mooncake(protocol: str | None, host: str | None) -> None:
     """Refuse, before any rank starts, what the engine would not do as asked: a missing
     wheel or library, rdma on a host without RDMA devices (the engine would fall back to
     TCP and the figures would be TCP's), a --mooncake-host that is not this host's."""
-    import_mooncake()
     if (protocol or DEFAULT_PROTOCOL) == "rdma" and not rdma_devices():
         raise UsageError("--mooncake-protocol rdma: this host has no RDMA device "
                          "(/sys/class/infiniband is empty; Mooncake would fall back to TCP); "
@@ -85,6 +84,30 @@ def check_mooncake(protocol: str | None, host: str | None) -> None:
             raise UsageError(f"--mooncake-host {host} {why}: each rank's transfer engine "
                              f"listens there and its peers reach it there; use {LOOPBACK} or "
                              "an address of this host") from None
+    import_mooncake()
+
+
+def engine_address(hosts: list[str], given: str | None) -> str:
+    """Where this rank's engine listens and its peers reach it: --mooncake-host where given
+    (one host only), loopback where every rank runs on this host, else the address of this
+    host's name, which must not be a loopback one (Debian maps the name to 127.0.1.1 unless
+    /etc/hosts says otherwise)."""
+    count = len(set(hosts))
+    if given is not None:
+        if count > 1:
+            raise UsageError(f"--mooncake-host names one address for every rank, and the ranks "
+                             f"run on {count} hosts; drop it (each rank then listens at the "
+                             "address of its host's name)")
+        return given
+    if count == 1:
+        return LOOPBACK
+    name = socket.gethostname()
+    address = socket.gethostbyname(name)
+    if address.startswith("127."):
+        raise UsageError(f"the ranks run on {count} hosts and this host's name {name} resolves "
+                         f"to {address}, which the others cannot reach; map the name to this "
+                         "host's network address (/etc/hosts)")
+    return address
 
 
 @contextlib.contextmanager
@@ -129,9 +152,7 @@ class Mooncake:
     def _start(self, allgather: Callable) -> None:
         """Initialise the engine at this rank's address, register the buffer, exchange
         (session, buffer address) with every rank."""
-        hosts = allgather(socket.gethostname())
-        host = self.host or (LOOPBACK if len(set(hosts)) == 1 else
-                             socket.gethostbyname(socket.gethostname()))
+        host = engine_address(allgather(socket.gethostname()), self.host)
         with _stderr_kept() as log:
             status = self.engine.initialize(host, "P2PHANDSHAKE", self.protocol, "")
         if status != 0:
