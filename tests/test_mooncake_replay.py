@@ -90,16 +90,17 @@ def test_kvtransfer_sweep_over_mooncake(tmp_path):
 
 @needs_mooncake
 def test_a_dead_decode_rank_ends_every_rank(tmp_path):
-    # Decode rank 2 is killed (SIGKILL) at the second transfer, after its barrier: prefill
-    # rank 0's next batch to it fails (Mooncake returns -1: connection refused) or the
-    # launcher sees the death first; either way every rank ends within seconds, not at the
-    # --timeout of 60 s.
-    proc, seconds = replay(tmp_path, *DISAGG, "--kv-transport", "mooncake", "-n", "50",
-                           "--timeout", "60", env={"INFERCOMM_FAULT": "kill:2:2"})
+    # tp1 -> tp1 (two ranks, the cheaper launch): the decode rank is killed (SIGKILL) at the
+    # second transfer, after its barrier; the prefill rank's next batch to it (its 8 runs: 4
+    # layers, K and V) fails (Mooncake returns -1: connection refused) or the launcher sees
+    # the death first; either way every rank ends within seconds, not at --timeout 60.
+    proc, seconds = replay(tmp_path, "--disagg", "prefill=tp1,decode=tp1", "--engine",
+                           "sglang", "--kv-transport", "mooncake", "-n", "50", "--timeout",
+                           "60", env={"INFERCOMM_FAULT": "kill:1:2"})
     assert proc.returncode not in (0, 2), proc.stderr
     assert seconds < 45, seconds
-    assert "rank 2 ended with signal SIGKILL" in proc.stderr or \
-        "batch_transfer_sync_write of 20 blocks to rank 2" in proc.stderr, proc.stderr
+    assert "rank 1 ended with signal SIGKILL" in proc.stderr or \
+        "batch_transfer_sync_write of 8 blocks to rank 1" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("argv, words", [
