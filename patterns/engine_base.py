@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 
 from patterns.errors import ConfigError
+from patterns.hybrid import check_hybrid_use
 from patterns.layout import Layout, Workload
 from patterns.models import ModelConfig
 from patterns.pattern import EngineOptions, Pattern
@@ -23,6 +24,7 @@ OPTION_FLAGS: dict[str, str] = {
     "nccl_only": "--nccl-only",
     "model_runner": "--model-runner",
     "sp": "--sp",
+    "return_log_probs": "--return-log-probs",
     "max_num_seqs": "--max-num-seqs",
     "moe_backend": "--moe-backend",
     "a2a": "--a2a",
@@ -98,6 +100,7 @@ def generate(engine: str, model: ModelConfig, layout: Layout, workload: Workload
     if profile is None:
         raise ConfigError(f"unknown engine {engine!r}; use one of {', '.join(sorted(ENGINES))}")
     layout.check_model(model)
+    check_hybrid_use(model.name, model.hybrid, engine)
     layout.check_workload(workload)
     _check_data_parallel(engine, model, layout, workload)
     if options is not None and options.a2a != "allgather_reducescatter" and not (

@@ -94,7 +94,9 @@ def test_csv_and_bad_input(cli, tmp_path):
                         "compute_decode_step_us,compute_e2e_us,ttft_floor_us,tpot_floor_us,"
                         "e2e_floor_us,volume_bytes,meets_budget,crosses_nodes,"
                         "weight_bytes_per_gpu,kv_cache_bytes_per_gpu,"
-                        "activation_bytes_per_gpu,fits_memory,best")
+                        "activation_bytes_per_gpu,overhead_bytes_per_gpu,"
+                        "max_model_len_kv_bytes_per_gpu,kv_capacity_tokens,max_concurrency,"
+                        "fits_memory,best")
     assert len(lines) == 7  # the header and 6 layouts
     # 4 GPUs at 2 a node span nodes, and the sweep has no rows across nodes.
     sweep = fake_sweep(tmp_path / "sweep2", FLAT)

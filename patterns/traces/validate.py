@@ -11,11 +11,19 @@ of v2.30.7-1): torch's ProcessGroupNCCL, like this project's nccl backend, issue
 grouped Send/Recv, and the COLL log prints those. Against an NCCL log a pattern's gather is
 compared in that form (the root receives from every other rank in rank order, every other
 rank sends to the root), and an all-to-all as a Send and a Recv to every rank in turn.
+
+A pipeline send or receive names its peer as a rank of the group it was issued on: the
+pattern's is the stage (the rank in the PP group); an engine that sends on the world group
+records a world rank. Megatron-Core does (`torch.distributed.P2POp(isend, tensor,
+next_rank)` with no group, next_rank from `get_process_group_ranks(pp_group)`:
+megatron/core/inference/communication_utils.py, `send_to_next_pipeline_rank` and
+`recv_from_prev_pipeline_rank_`, megatron-core 0.19.2), so a gloo `c10d::send` of its TP2 x
+PP2 rank 0 says peer 2 where the pattern has stage 1. Either numbering matches.
 """
 
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from patterns.errors import ConfigError
 from patterns.ops import Op, Phase
@@ -74,6 +82,7 @@ class _Expected:
     index: int  # the op's place in its step
     call: Call
     tag: str
+    world_peer: int | None = None  # a pipeline peer's world rank (the call's is its stage)
 
 
 def _group_rank(pattern: Pattern, rank: int, op: Op) -> int:
@@ -99,13 +108,17 @@ def _as_calls(op: Op, me: int, p2p: set[str]) -> list[Call]:
 
 def _expected(pattern: Pattern, rank: int, p2p: set[str]) -> Iterator[_Expected]:
     """What one rank should issue over one inference, lazily."""
-    stage = pattern.layout.stage_of(rank)
+    layout = pattern.layout
+    stage = layout.stage_of(rank)
     step_index = 0
     for run in pattern.stages[stage]:
         for _ in range(run.repeat):
             for i, op in enumerate(run.step.ops):
                 for call in _as_calls(op, _group_rank(pattern, rank, op), p2p):
-                    yield _Expected(run.phase, step_index, i, call, op.tag)
+                    world = (layout.rank_of(call.peer, layout.tp_rank_of(rank),
+                                            layout.dp_rank_of(rank))
+                             if op.group == "pp" and call.peer is not None else None)
+                    yield _Expected(run.phase, step_index, i, call, op.tag, world)
             step_index += 1
 
 
@@ -121,6 +134,13 @@ def _same(got: Call, want: Call) -> bool:
     if got.peer is not None and want.peer is not None and got.peer != want.peer:
         return False
     return not (got.root is not None and want.root is not None and got.root != want.root)
+
+
+def _matches(got: Call, want: _Expected) -> bool:
+    """`_same`, a pipeline peer read as a stage or as a world rank (module docstring)."""
+    return _same(got, want.call) or (
+        want.world_peer is not None and got.peer == want.world_peer
+        and _same(got, replace(want.call, peer=want.world_peer)))
 
 
 def _step_shapes(pattern: Pattern) -> list[str]:
@@ -170,15 +190,15 @@ def _dtype_unrecorded(call: Call) -> bool:
     return call.dtype == "unknown" and call.transport == "shm"
 
 
-def _start(trace: Trace, rank: RankCalls, first_step: list[Call]) -> int:
+def _start(trace: Trace, rank: RankCalls, first_step: list[_Expected]) -> int:
     """Where the inference starts: the first place the pattern's first step matches."""
     if not first_step:
         return 0
     table, ids, k = trace.table, rank.ids, len(first_step)
     head = first_step[0]
     for start in range(len(ids) - k + 1):
-        if _same(table[ids[start]], head) and all(
-                _same(table[ids[start + j]], first_step[j]) for j in range(1, k)):
+        if _matches(table[ids[start]], head) and all(
+                _matches(table[ids[start + j]], first_step[j]) for j in range(1, k)):
             return start
     return 0
 
@@ -186,7 +206,7 @@ def _start(trace: Trace, rank: RankCalls, first_step: list[Call]) -> int:
 def _compare_rank(trace: Trace, rank: RankCalls, pattern: Pattern, p2p: set[str],
                   rows: list[Row], result: Validation) -> str | None:
     expected = list(_expected(pattern, rank.rank, p2p))
-    first_step = [e.call for e in expected if e.step == 0]
+    first_step = [e for e in expected if e.step == 0]
     start = _start(trace, rank, first_step)
     end = min(len(rank.ids), start + len(expected))
     result.before[rank.rank] = start
@@ -207,10 +227,12 @@ def _compare_rank(trace: Trace, rank: RankCalls, pattern: Pattern, p2p: set[str]
     first: str | None = None
     for offset, call_id in enumerate(rank.ids[start:end]):
         got, want = table[call_id], expected[offset]
-        if not _same(got, want.call):
+        if not _matches(got, want):
+            world = (f", world rank {want.world_peer}"
+                     if want.world_peer not in (None, want.call.peer) else "")
             first = (f"rank {rank.rank}: call {start + offset} ({where(want)}) differs: the "
                      f"trace has {got.describe()}, the pattern has {want.call.describe()} "
-                     f"[{want.tag}]")
+                     f"[{want.tag}{world}]")
             break
     if first is None and end - start < len(expected):
         want = expected[end - start]

@@ -54,9 +54,11 @@ from patterns.dp_steps import RankStep, align_dp_runs, build_replicas, dp_padded
 from patterns.dtypes import dtype_bytes
 from patterns.engine_base import EngineInfo, register
 from patterns.engines.vllm.batch_steps import scheduled_batch
-from patterns.engines.vllm.fp8_moe import defers_input_quant, fp8_moe_backend
+from patterns.engines.vllm.fp8_moe import defers_input_quant
+from patterns.engines.vllm.hybrid import StepMix, embed_ops, hybrid_layer_ops
 from patterns.engines.vllm.moe import vllm_dp_coordination, vllm_moe_layer
-from patterns.engines.vllm.mxfp4 import MXFP4_BACKENDS, moe_allreduce_width, moe_widths
+from patterns.engines.vllm.moe_backend import check_moe_backend
+from patterns.engines.vllm.mxfp4 import moe_allreduce_width, moe_widths
 from patterns.engines.vllm.rules import v1_capture_sizes, v1_defaults
 from patterns.engines.vllm.sp import deepseek_sp, sp_final, sp_input, sp_moe_layer
 from patterns.engines.vllm.transports import vllm_allreduce
@@ -93,6 +95,8 @@ _V2_MOE_MODEL_TYPES = frozenset({"deepseek_v2", "qwen2_moe", "granitemoe"})
 
 
 def default_model_runner(model: ModelConfig) -> str:
+    if model.hybrid:  # a hybrid is V1's unless its architecture is listed (config/vllm.py:651)
+        return "v1"
     return "v2" if not model.is_moe or model.model_type in _V2_MOE_MODEL_TYPES else "v1"
 
 
@@ -116,8 +120,9 @@ def _allreduce(st: Stage, tokens: int, tag: str, feeds_rmsnorm: bool = True,
                width: int | None = None) -> Op:
     width = width or st.h
     nbytes = tokens * width * dtype_bytes(st.dtype)
-    # enforce_eager turns torch.compile off, and with it the fusion pass.
-    fusable = feeds_rmsnorm and not st.options.eager
+    # enforce_eager turns torch.compile off, and with it the fusion pass; some families'
+    # outputs never meet an RMSNorm straight (patterns/families.py).
+    fusable = feeds_rmsnorm and not st.options.eager and st.model.norm_fusion
     transport = vllm_allreduce(nbytes, st.tp, st.options.gpu, st.dtype, fusable,
                                st.options.nccl_only)
     return st.tp_op(OpKind.ALLREDUCE, (tokens, width), (tokens, width), tag, transport)
@@ -151,7 +156,9 @@ def moe_layer_ops(st: Stage, layer: int, tokens: int, feeds_rmsnorm: bool) -> li
             if op.kind == OpKind.ALLREDUCE and op.group == "tp" else op for op in ops]
 
 
-def _layer_ops(st: Stage, layer: int, tokens: int) -> list[Op]:
+def _layer_ops(st: Stage, layer: int, tokens: int, mix: StepMix | None = None) -> list[Op]:
+    if st.model.hybrid:  # Mamba hybrids: hybrid.py
+        return hybrid_layer_ops(st, layer, tokens, mix)
     # The last layer of a stage that hands its output to the next stage feeds no RMSNorm,
     # so the fusion pass cannot take its second all-reduce.
     feeds_rmsnorm = st.is_last or layer != st.layers[-1]
@@ -214,28 +221,29 @@ def _layer_runs(st: Stage) -> list[tuple[int, tuple[object, ...], int]]:
     moe, runs = st.model.is_moe_layer, []
     for layer in st.layers:
         kind = (moe(layer), mlp_module(st.model, layer), layer == st.layers[-1], layer == 0,
-                layer > 0 and moe(layer - 1))
+                layer > 0 and moe(layer - 1), st.model.layer_blocks(layer))
         first, _, count = runs.pop() if runs and runs[-1][1] == kind else (layer, kind, 0)
         runs.append((first, kind, count + 1))
     return runs
 
 
 def forward(st: Stage, tokens: int, rows: int, vocab_multiple: int = 64,
-            untagged: bool = False) -> list[Op]:
+            untagged: bool = False, mix: StepMix | None = None) -> list[Op]:
     """Model calls of one forward pass of T = `tokens` over R = `rows` requests. `untagged`,
     for pricing alone (plan reads no tag): one layer's calls stand for every layer of its
-    class (`_layer_runs`), the same objects, the first one's tags."""
+    class (`_layer_runs`), the same objects, the first one's tags. `mix`: the step's tokens
+    before padding and its decodes, where the model's calls depend on them (hybrid.py)."""
     ops, shape = pp_receive(st, tokens)
     if st.tp > 1 and st.is_first:
-        ops.append(_allreduce(st, tokens, "embed_tokens"))
+        ops += embed_ops(st, tokens, mix)
     if st.tp > 1 or exchanges_tokens(st.layout):  # MoE layers exchange tokens at dp > 1
         built: dict[tuple[object, ...], list[Op]] = {}
         for layer, kind, count in (_layer_runs(st) if untagged else ()):
             if kind not in built:
-                built[kind] = _layer_ops(st, layer, tokens)
+                built[kind] = _layer_ops(st, layer, tokens, mix)
             ops += built[kind] * count
         for layer in (() if untagged else st.layers):
-            ops += _layer_ops(st, layer, tokens)
+            ops += _layer_ops(st, layer, tokens, mix)
         if deepseek_sp(st):
             ops += sp_final(st, tokens)
     if not st.is_last:
@@ -277,19 +285,21 @@ def _stage_runs(st: Stage, options: EngineOptions, runner: str) -> list[Run]:
     runs, scheduled = [], scheduled_batch(w, budget, max_seqs, st.pp, options)
     for s in scheduled or ():  # chunked prompts: decodes ride beside later chunks
         tokens = pad_to(sizes, s.tokens)
-        runs.append(run(s.phase, forward(st, tokens, s.rows) + pp_broadcasts(
-            st, s.rows, s.samples > 0, w.decode_steps > 0, runner), tokens, s.rows, s.repeat))
+        runs.append(run(s.phase, forward(st, tokens, s.rows, mix=StepMix(s.tokens, s.decodes))
+                        + pp_broadcasts(st, s.rows, s.samples > 0, w.decode_steps > 0, runner),
+                        tokens, s.rows, s.repeat))
     for chunk in () if scheduled else prefill_chunks(w.batch, w.prompt, budget):
         tokens = pad_to(sizes, chunk.tokens)
         # A prompt's first token is needed later only if it has decode steps.
-        ops = forward(st, tokens, chunk.seqs) + pp_broadcasts(
+        ops = forward(st, tokens, chunk.seqs, mix=StepMix(chunk.tokens)) + pp_broadcasts(
             st, chunk.seqs, chunk.rows > 0, w.decode_steps > 0, runner)
         runs.append(run(Phase.PREFILL, ops, tokens, chunk.seqs))
     if w.decode_steps and not scheduled:
         tokens = pad_to(sizes, w.batch)
         # Decode step j (1..Sd-1) is needed: V2 checks prompt + j - 1 + 1 < prompt + Sd.
-        runs.append(run(Phase.DECODE, forward(st, tokens, w.batch) + pp_broadcasts(
-            st, w.batch, True, True, runner), tokens, w.batch, w.decode_steps))
+        runs.append(run(Phase.DECODE, forward(st, tokens, w.batch, mix=StepMix(
+            w.batch, w.batch)) + pp_broadcasts(st, w.batch, True, True, runner), tokens,
+            w.batch, w.decode_steps))
     return merge([r for r in runs if r.repeat])
 
 
@@ -345,29 +355,13 @@ def _dp_replicas(model: ModelConfig, layout: Layout, workload: Workload,
         st = replace(sts[stage], dp_rank=d, dp_tokens=tokens)
         rows = steps[d].rows
         ops = (vllm_dp_coordination(layout, runner, async_scheduling(options))
-               + forward(st, tokens[d], rows)
+               + forward(st, tokens[d], rows, mix=StepMix(steps[d].tokens, steps[d].tokens * (
+                   steps[d].phase == Phase.DECODE)))
                + pp_broadcasts(st, rows, rows > 0, True, runner))
         # A dummy step samples nothing: no logits call.
         return [op for op in ops if not (op.tag == "logits" and rows == 0)]
 
     return build_replicas(align_dp_runs(per_rank), layout.pp, tokens_of, ops_of)
-
-
-def _check_moe_backend(model: ModelConfig, layout: Layout, options: EngineOptions) -> None:
-    """--moe-backend: the kernel of mxfp4 (gpt-oss) or block-fp8 (DeepSeek-V3) experts."""
-    chosen = options.moe_backend
-    if chosen is None:
-        return
-    if model.weight_format == "mxfp4":
-        if chosen not in MXFP4_BACKENDS:
-            raise ConfigError(f"moe-backend {chosen} does not run mxfp4 experts; use one of "
-                              f"{', '.join(MXFP4_BACKENDS)}")
-        return
-    if model.weight_format == "fp8":
-        fp8_moe_backend(options.gpu, layout.ep, chosen, options.a2a)  # refuses as vLLM does
-        return
-    raise ConfigError(f"moe-backend picks the kernel of mxfp4 (gpt-oss) or block-fp8 MoE "
-                      f"checkpoints; {model.name} is neither: drop --moe-backend")
 
 
 @register(INFO)
@@ -380,7 +374,7 @@ def vllm_v1(model: ModelConfig, layout: Layout, workload: Workload,
         raise ConfigError(f"batch({largest}) exceeds max-num-seqs({max_seqs}): vLLM "
                           "would not run it as one batch; use batch <= max-num-seqs")
     _check_kv_heads(model, layout.tp)
-    _check_moe_backend(model, layout, options)
+    check_moe_backend(model, layout, options)
     runner = options.model_runner or default_model_runner(model)
     options = replace(options, model_runner=runner, async_scheduling=async_scheduling(options))
     counts = stage_layer_counts(model.num_hidden_layers, layout.pp)
