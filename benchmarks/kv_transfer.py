@@ -1,5 +1,5 @@
 """What the KV-transfer replay adds: `replay --disagg`'s transfer loop against a bare loop of
-the same NIXL, Mooncake and MPI one-sided calls, on the same descriptors, in one run.
+the same NIXL and MPI one-sided calls, on the same descriptors, in one run.
 
     python benchmarks/kv_transfer.py        (starts itself under mpiexec -n 2)
 
@@ -11,8 +11,7 @@ READ by rank 1. Per transport, rounds alternate
 between the replay's own loop (microbench/replay/kv_transfer.py `timed_transfers` over its
 transport class) and a bare loop written here against the library (mpi4py's Win.Get with
 the same hindexed datatypes; NIXL's make_prepped_xfer / transfer / check_xfer_state and the
-target's get_new_notifs; Mooncake's batch_transfer_sync_read), each round a barrier then the
-transfer between two clock reads.
+target's get_new_notifs), each round a barrier then the transfer between two clock reads.
 The ratio of medians, replay / bare, is printed per transport (goal <= 1.05).
 """
 
@@ -153,39 +152,6 @@ class BareNixl:
         self.agent.deregister_memory(self.registered)
 
 
-class BareMooncake:
-    """Mooncake's transfer engine called directly: rank 1 READs the pair's descriptors in one
-    `batch_transfer_sync_read` (what the replay issues for vLLM's connector: a pair's list
-    one batch). It uses the replay's engine and registered buffers: a second engine in one
-    process, or a second buffer registered beside the first, failed its READs here ("failed
-    to read READ status frame: Operation aborted"); SGLang keeps one engine a process too
-    (mooncake_transfer_engine.py:280-298 @ 8905cbd4)."""
-
-    def __init__(self, d, comm, transport):
-        import numpy as np
-
-        src, dst, _, _ = descriptors(d)
-        self.comm, self.rank = comm, comm.Get_rank()
-        self.engine = transport.engine
-        session, remote = transport.sessions[0]
-        self.session = session
-        self.local = (int(transport.buffer.ctypes.data) + dst.astype(np.int64)).tolist()
-        self.remote = (remote + src.astype(np.int64)).tolist()
-        self.lengths = descriptors(d)[2].astype(np.int64).tolist()
-
-    def round(self) -> float:
-        self.comm.Barrier()
-        start = time.perf_counter()
-        if self.rank == 1:
-            status = self.engine.batch_transfer_sync_read(self.session, self.local,
-                                                          self.remote, self.lengths)
-            assert status == 0, status
-        return (time.perf_counter() - start) * 1e6
-
-    def close(self) -> None:
-        pass  # the replay's transport deregisters its buffer
-
-
 def main() -> None:
     import numpy as np
     from mpi4py import MPI
@@ -198,24 +164,16 @@ def main() -> None:
     backend = open_backend("mpi", env=env, device="cpu", timeout=600)
     watchdog = Watchdog(600, env.rank, command="benchmark").start()
     d = disagg()
-    # Mooncake first: after NIXL's UCX had run in the process, Mooncake's READs failed here
-    # ("failed to read READ status frame: Operation aborted").
-    transports = {}
-    from microbench.backends.kv_transports import import_nixl
-    from microbench.backends.mooncake_transport import import_mooncake
-    for name, bare, library in (("mooncake", BareMooncake, import_mooncake),
-                                ("rma", BareRma, None), ("nixl", BareNixl, import_nixl)):
-        try:
-            if library is not None:
-                library()
-            transports[name] = bare
-        except Exception:  # not installed here: the others alone
-            continue
+    try:
+        from microbench.backends.kv_transports import import_nixl
+        import_nixl()
+        transports = {"rma": BareRma, "nixl": BareNixl}
+    except Exception:  # no NIXL here: MPI alone
+        transports = {"rma": BareRma}
     results = {}
     for name, bare_class in transports.items():
+        bare = bare_class(d, MPI.COMM_WORLD)
         replay = Replay(name, d, backend, watchdog)
-        bare = (BareMooncake(d, MPI.COMM_WORLD, replay.transport)
-                if name == "mooncake" else bare_class(d, MPI.COMM_WORLD))
         times = {"replay": [], "bare": []}
         for i in range(WARMUP + ROUNDS):
             for way, issue in ((("bare", bare.round), ("replay", replay.round)) if i % 2 else

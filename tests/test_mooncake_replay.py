@@ -18,7 +18,7 @@ import pytest
 from microbench.argtypes import UsageError
 from microbench.backends import mooncake_transport
 from microbench.backends.mooncake_transport import engine_address, import_mooncake, rdma_devices
-from tests.replay_helpers import infercomm, last_json, needs_mpi, tiny_model
+from tests.replay_helpers import infercomm, last_json, tiny_model
 
 
 def _missing() -> str:
@@ -52,13 +52,10 @@ def replay(tmp_path, *argv, env=None, timeout=120):
 
 
 @needs_mooncake
-@needs_mpi
-@pytest.mark.mpi
 def test_sglang_tp1_to_tp2_over_mooncake_tcp_checked(tmp_path, cli):
-    # Control calls over MPI: three ranks start in 3 s here where gloo's take 12 (torch's
-    # import); the dead-rank test below runs Mooncake under the default, gloo.
-    proc, _ = replay(tmp_path, *DISAGG, "--backend", "mpi", "--kv-transport", "mooncake",
-                     "--check", "-n", "3")
+    # Control calls over gloo, the default: beside MPICH's ranks Mooncake's larger transfers
+    # failed now and then (docs/disaggregated.md).
+    proc, _ = replay(tmp_path, *DISAGG, "--kv-transport", "mooncake", "--check", "-n", "3")
     assert proc.returncode == 0, proc.stderr
     last = last_json(proc.stdout)
     assert (last["kv_transport"], last["kv_transfer_bytes"], last["wrong"]) == \
@@ -80,13 +77,10 @@ def test_sglang_tp1_to_tp2_over_mooncake_tcp_checked(tmp_path, cli):
 
 
 @needs_mooncake
-@needs_mpi
-@pytest.mark.mpi
 def test_kvtransfer_sweep_over_mooncake(tmp_path):
     # One size, 8 descriptors of 1 KiB written by rank 0 (SGLang's direction), one batch,
-    # checked byte by byte at rank 1. Control over MPI: its ranks start in a third of gloo's
-    # time here (no torch to import).
-    proc, _ = infercomm("sweep", "--op", "kvtransfer", "--backend", "mpi", "--kv-transport",
+    # checked byte by byte at rank 1; control over gloo.
+    proc, _ = infercomm("sweep", "--op", "kvtransfer", "--backend", "torch", "--kv-transport",
                         "mooncake", "--kv-direction", "write", "--sizes", "1K",
                         "--kv-descriptors", "8", "-n", "3", "-w", "1", "-c", "--out",
                         str(tmp_path))

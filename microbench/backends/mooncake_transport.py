@@ -8,7 +8,7 @@ buffers (`register_memory`), names itself `host:rpc_port` to its peers (the sess
 mooncake_transfer_engine.py:136-138), and the prefill rank writes each batch of blocks with
 `batch_transfer_sync_write(session, src_addrs, dst_addrs, lengths)`, which returns once every
 block has landed (mooncake_transfer_engine.py:236-265); a non-zero return fails the request
-(disaggregation/mooncake/conn.py:1412-1425). The decode rank takes no part in the writes.
+(disaggregation/mooncake/conn.py:1410-1425). The decode rank takes no part in the writes.
 
 Here: every rank an engine on its host buffer (`--mooncake-protocol`, tcp by default; rdma
 where the host has RDMA devices), reached at loopback when all ranks share a host
@@ -130,7 +130,13 @@ def _stderr_kept() -> Iterator[list[str]]:
 
 class Mooncake:
     """One transfer engine a rank: host buffer registered, sessions exchanged through the
-    control backend, the initiator's batches prepared once and issued synchronously."""
+    control backend, the initiator's batches prepared once and issued synchronously.
+
+    One engine a process, as SGLang keeps one shared engine (`init_mooncake_transfer_engine`,
+    mooncake_transfer_engine.py:280-297): a second engine in one process hung its first READ
+    here. Beside MPICH's ranks (--backend mpi) transfers of 64 MiB in 2,048 descriptors
+    failed now and then ("failed to read READ status frame: Operation aborted"); over gloo
+    they did not (docs/disaggregated.md)."""
 
     name = "mooncake"
 
@@ -142,6 +148,7 @@ class Mooncake:
         # engine: a stand-in for tests that record the batches; else Mooncake's own
         self.engine = engine if engine is not None else import_mooncake().TransferEngine()
         self.started = False
+        self.session = ""  # host:rpc_port, once started
         self.batches: list[tuple[str, str, int, list[int], list[int], list[int]]] = []
         self.sessions: list[tuple[str, int]] = []
 
@@ -170,7 +177,7 @@ class Mooncake:
     def prepare(self, role: Any, buffer: np.ndarray, allgather: Callable) -> None:
         if not self.started:
             self._start(allgather)
-        self.sessions = allgather((getattr(self, "session", ""), int(buffer.ctypes.data)))
+        self.sessions = allgather((self.session, int(buffer.ctypes.data)))
         if not role.initiates:
             return
         base = int(buffer.ctypes.data)
@@ -211,5 +218,5 @@ class Mooncake:
 
     def close(self) -> None:
         self.clear()
-        if getattr(self, "session", None):
+        if self.session:
             self.engine.unregister_memory(int(self.buffer.ctypes.data))
