@@ -79,12 +79,15 @@ def _check_options(info: EngineInfo, options: EngineOptions) -> None:
 # Profiles that model MoE token exchange between DP ranks and per-DP-rank batches
 # (patterns/moe.py); every other one models dp > 1 only as replicas of a dense model.
 DP_ENGINES = frozenset({"vllm", "sglang"})
+# Profiles that model a MoE model's experts under --dp and --ep with one batch shape on every
+# DP rank (no --dp-batches): Megatron's static engine (patterns/engines/megatron/moe.py).
+EP_ENGINES = DP_ENGINES | {"megatron"}
 
 
 def _check_data_parallel(engine: str, model: ModelConfig, layout: Layout,
                          workload: Workload) -> None:
     """Never a silent TP-only answer to an expert-parallel question."""
-    if engine in DP_ENGINES:
+    if engine in DP_ENGINES or (engine in EP_ENGINES and workload.dp_batches is None):
         return
     if layout.ep or (layout.dp > 1 and model.is_moe) or workload.dp_batches is not None:
         what = ("--ep" if layout.ep else "--dp-batches" if workload.dp_batches is not None

@@ -8,14 +8,19 @@ then `infercomm validate` holds every rank's trace against the pattern.
 Run it with the Python of a venv that holds megatron-core (`make setup-megatron` makes
 `.venv-megatron`). The ranks are scripts/megatron_cpu_ranks.py (what they run, and the CPU
 stand-ins Megatron needs). OUT/LAYOUT-WORKLOAD/ holds one `rankR.pt.trace.json.gz` a rank,
-OUT/model/config.json the tiny model as `--model` reads it, OUT/logs/ each rank's output and
+OUT/model/config.json and OUT/moe-model/config.json the tiny dense and MoE models as `--model`
+reads them, OUT/logs/ each rank's output and
 OUT/oracle.json, per trace folder, validate's arguments (and exit status unless
 --no-validate). The last line is a short JSON object; exit 1 when a trace differs from its
 pattern, 2 on bad arguments or when a rank fails.
 
-Layouts at 4 ranks: TP2 and PP2 run two data-parallel replicas (validated as --dp 2), TP2 x
-PP2 one. Ranks are ordered tp, pp, dp (Megatron's `order="tp-cp-ep-pp-dp"`), as infercomm's
-layout orders them; at dp 1 that is Megatron's default order too.
+Layouts at 4 ranks (LAYOUTS): the dense GPT at TP2 and PP2, each as two data-parallel
+replicas (validated as --dp 2), and TP2 x PP2; the MoE GPT at TP2 (--dp 2), TP2 x EP2 (the
+expert-parallel group spans both replicas: --dp 2 --ep), TP2 x PP2 and PP2 x EP2 (--dp 2 --ep).
+Ranks are ordered tp, pp, dp (Megatron's `order="tp-cp-ep-pp-dp"`), as infercomm's layout
+orders them (at dp 1 Megatron's default order too), except PP2 x EP2: Megatron carves the EP
+group out of DP, which its own order places inside PP ("tp-cp-ep-dp-pp", its default), so it
+runs that and is validated with --rank-order tp-dp-pp.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ REPO = Path(__file__).resolve().parents[1]
 RANKS = Path(__file__).resolve().parent / "megatron_cpu_ranks.py"
 WORLD = 4
 HIDDEN, HEADS, LAYERS, VOCAB, FFN = 128, 4, 4, 256, 256  # as megatron_cpu_ranks.py builds
+# and its MoE model: 4 experts (top 2) of FFN 128 and a shared expert of 128 in layers 1-3
+EXPERTS, TOP_K, MOE_FFN, DENSE_LAYERS = 4, 2, 128, [0]
 
 # Each workload: a static batch of `batch` prompts of `prompt` tokens generating `decode`
 # tokens (1 prefill + decode - 1 decode steps); `log_probs`: SamplingParams.return_log_probs.
@@ -41,16 +48,37 @@ WORKLOADS = {
     "last": dict(batch=2, prompt=8, decode=4, log_probs=False),
     "log-probs": dict(batch=2, prompt=8, decode=3, log_probs=True),
 }
-LAYOUTS = {"tp2": (2, 1), "pp2": (1, 2), "tp2-pp2": (2, 2)}  # name: (tp, pp)
+# name: tp, pp, expert_model_parallel_size, MoE model or dense, Megatron's rank order, the
+# workloads served. "tp-cp-ep-pp-dp" orders ranks as infercomm's layout does; "tp-cp-ep-dp-pp"
+# is Megatron's default (PP outermost), which EP with PP needs (its EP group is carved out of
+# DP) and validate reads with --rank-order tp-dp-pp.
+INFERCOMM_ORDER, MEGATRON_ORDER = "tp-cp-ep-pp-dp", "tp-cp-ep-dp-pp"
+LAYOUTS = {
+    "tp2": dict(tp=2, pp=1, ep=1, moe=False, order=INFERCOMM_ORDER, workloads=list(WORKLOADS)),
+    "pp2": dict(tp=1, pp=2, ep=1, moe=False, order=INFERCOMM_ORDER, workloads=list(WORKLOADS)),
+    "tp2-pp2": dict(tp=2, pp=2, ep=1, moe=False, order=INFERCOMM_ORDER,
+                    workloads=list(WORKLOADS)),
+    "moe-tp2": dict(tp=2, pp=1, ep=1, moe=True, order=INFERCOMM_ORDER, workloads=["last"]),
+    "moe-tp2-ep2": dict(tp=2, pp=1, ep=2, moe=True, order=INFERCOMM_ORDER, workloads=["last"]),
+    "moe-tp2-pp2": dict(tp=2, pp=2, ep=1, moe=True, order=INFERCOMM_ORDER, workloads=["last"]),
+    "moe-pp2-ep2": dict(tp=1, pp=2, ep=2, moe=True, order=MEGATRON_ORDER, workloads=["last"]),
+}
 
 
-def write_config(path: Path) -> Path:
-    """The tiny GPT as a Hugging Face config.json (Llama's field names), for --model."""
+def write_config(path: Path, moe: bool) -> Path:
+    """The tiny GPT as a Hugging Face config.json, for --model: Llama's field names, or
+    Qwen2-MoE's for the MoE model (num_experts, shared_expert_intermediate_size, and
+    mlp_only_layers for the dense layer 0)."""
     path.mkdir(parents=True)
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
               "hidden_size": HIDDEN, "num_hidden_layers": LAYERS,
               "num_attention_heads": HEADS, "num_key_value_heads": HEADS,
               "intermediate_size": FFN, "vocab_size": VOCAB, "torch_dtype": "float32"}
+    if moe:
+        config |= {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe",
+                   "num_experts": EXPERTS, "num_experts_per_tok": TOP_K,
+                   "moe_intermediate_size": MOE_FFN, "shared_expert_intermediate_size": MOE_FFN,
+                   "decoder_sparse_step": 1, "mlp_only_layers": DENSE_LAYERS}
     (path / "config.json").write_text(json.dumps(config, indent=1) + "\n")
     return path / "config.json"
 
@@ -111,13 +139,21 @@ def _last_line(log: Path) -> str:
     return lines[-1].strip() if lines else "(no output)"
 
 
-def validate_args(out: Path, config: Path, layout: str, workload: str) -> list[str]:
+def trace_names(layouts: list[str]) -> list[tuple[str, str]]:
+    """(layout, workload) of every trace folder the layouts make, in serving order."""
+    return [(name, work) for name in layouts for work in LAYOUTS[name]["workloads"]]
+
+
+def validate_args(out: Path, layout: str, workload: str) -> list[str]:
     """`infercomm validate` of one trace folder: the options the engine ran with."""
-    tp, pp = LAYOUTS[layout]
-    work = WORKLOADS[workload]
+    lay, work = LAYOUTS[layout], WORKLOADS[workload]
+    tp, pp = lay["tp"], lay["pp"]
+    config = out / ("moe-model" if lay["moe"] else "model") / "config.json"
     traces = sorted(str(p) for p in (out / f"{layout}-{workload}").glob("rank*.pt.trace.json.gz"))
     return ["validate", "--trace", *traces, "--engine", "megatron", "--model", str(config),
             "--tp", str(tp), "--pp", str(pp), "--dp", str(WORLD // (tp * pp)),
+            *(["--ep"] if lay["ep"] > 1 else []),
+            *(["--rank-order", "tp-dp-pp"] if lay["order"] == MEGATRON_ORDER else []),
             "--prompt", str(work["prompt"]), "--decode", str(work["decode"]),
             "--batch", str(work["batch"]), "--dtype", "fp32",
             *(["--return-log-probs"] if work["log_probs"] else [])]
@@ -142,9 +178,10 @@ def main() -> int:
         return 2
     from importlib.metadata import version
     start = time.monotonic()
-    config = write_config(args.out / "model")
-    plan = [{"name": name, "tp": LAYOUTS[name][0], "pp": LAYOUTS[name][1],
-             "workloads": [{"name": w, **WORKLOADS[w]} for w in WORKLOADS]}
+    write_config(args.out / "model", moe=False)
+    write_config(args.out / "moe-model", moe=True)
+    plan = [{"name": name, **{k: LAYOUTS[name][k] for k in ("tp", "pp", "ep", "moe", "order")},
+             "workloads": [{"name": w, **WORKLOADS[w]} for w in LAYOUTS[name]["workloads"]]}
             for name in args.layouts]
     failure = launch(args.out, plan, args.timeout)
     if failure is not None:
@@ -154,21 +191,20 @@ def main() -> int:
                  "world_size": WORLD, "serve_s": round(time.monotonic() - start, 1),
                  "traces": {}}
     status = 0
-    for layout in args.layouts:
-        for workload in WORKLOADS:
-            argv = validate_args(args.out, config, layout, workload)
-            entry = doc["traces"][f"{layout}-{workload}"] = {"validate": argv}
-            if args.no_validate:
-                continue
-            # infercomm from this checkout: its patterns and readers import no third party
-            proc = subprocess.run([sys.executable, "-m", "microbench", *argv], cwd=REPO,
-                                  env={**os.environ, "PYTHONPATH": str(REPO)},
-                                  capture_output=True, text=True, check=False)
-            print(f"== {layout}-{workload}: infercomm validate "
-                  f"{' '.join(argv[argv.index('--engine'):])}")
-            print(proc.stdout + proc.stderr, end="")
-            entry["exit"] = proc.returncode
-            status = max(status, min(proc.returncode, 1))
+    for layout, workload in trace_names(args.layouts):
+        argv = validate_args(args.out, layout, workload)
+        entry = doc["traces"][f"{layout}-{workload}"] = {"validate": argv}
+        if args.no_validate:
+            continue
+        # infercomm from this checkout: its patterns and readers import no third party
+        proc = subprocess.run([sys.executable, "-m", "microbench", *argv], cwd=REPO,
+                              env={**os.environ, "PYTHONPATH": str(REPO)},
+                              capture_output=True, text=True, check=False)
+        print(f"== {layout}-{workload}: infercomm validate "
+              f"{' '.join(argv[argv.index('--engine'):])}")
+        print(proc.stdout + proc.stderr, end="")
+        entry["exit"] = proc.returncode
+        status = max(status, min(proc.returncode, 1))
     doc["seconds"] = round(time.monotonic() - start, 1)
     (args.out / "oracle.json").write_text(json.dumps(doc, indent=1) + "\n")
     short = {"out": str(args.out), "megatron_core": doc["megatron_core"],

@@ -1,6 +1,7 @@
 """One rank of scripts/megatron_cpu_oracle.py: Megatron-Core's static inference engine serving
-tiny random-weight GPTs on gloo, one layout after another, each `generate` under torch's
-profiler (CPU activities, record_shapes=True): OUT/LAYOUT-WORKLOAD/rankR.pt.trace.json.gz.
+tiny random-weight GPTs (dense, or MoE with Megatron's default all-gather token dispatcher) on
+gloo, one layout after another, each `generate` under torch's profiler (CPU activities,
+record_shapes=True): OUT/LAYOUT-WORKLOAD/rankR.pt.trace.json.gz.
 
 Started by the oracle with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set; not run by hand.
 
@@ -26,6 +27,9 @@ from pathlib import Path
 import torch
 
 HIDDEN, HEADS, LAYERS, VOCAB, MAX_SEQ = 128, 4, 4, 256, 64
+# the MoE model: experts, experts a token, an expert's (and the shared expert's) FFN size,
+# and which layers are MoE (Megatron's moe_layer_freq: 1 a MoE layer, 0 a dense one)
+EXPERTS, TOP_K, MOE_FFN, MOE_LAYERS = 4, 2, 128, [0, 1, 1, 1]
 
 
 def place_on_cpu() -> None:
@@ -82,8 +86,11 @@ class Tokenizer:
         return list(range(len(tokens)))
 
 
-def build(tp: int, pp: int):
-    """The inference controller of a tiny GPT at this layout (random weights, fp32)."""
+def build(tp: int, pp: int, ep: int = 1, moe: bool = False):
+    """The inference controller of a tiny GPT at this layout (random weights, fp32). `moe`:
+    4 experts (top 2) and a shared expert in layers 1-3, layer 0 dense (moe_layer_freq), the
+    experts split over `ep` ranks (expert_model_parallel_size) and, by Megatron's default,
+    over TP too (expert_tensor_parallel_size = tp)."""
     from megatron.core import parallel_state
     from megatron.core.inference.contexts import StaticInferenceContext
     from megatron.core.inference.engines import StaticInferenceEngine
@@ -94,17 +101,25 @@ def build(tp: int, pp: int):
         TextGenerationController,
     )
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_decoder_block_spec,
+        get_gpt_layer_local_spec,
+    )
     from megatron.core.transformer import TransformerConfig
 
     torch.manual_seed(0)
+    experts = dict(num_moe_experts=EXPERTS, moe_router_topk=TOP_K, moe_ffn_hidden_size=MOE_FFN,
+                   moe_shared_expert_intermediate_size=MOE_FFN, moe_layer_freq=MOE_LAYERS,
+                   expert_model_parallel_size=ep) if moe else {}
     config = TransformerConfig(
         num_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS, ffn_hidden_size=256,
         normalization="RMSNorm", add_bias_linear=False, gated_linear_unit=True,
         use_cpu_initialization=True, params_dtype=torch.float32, pipeline_dtype=torch.float32,
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-        hidden_dropout=0.0, attention_dropout=0.0)
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+        hidden_dropout=0.0, attention_dropout=0.0, **experts)
+    spec = (get_gpt_decoder_block_spec(config, use_transformer_engine=False,
+                                       normalization="RMSNorm") if moe else
+            get_gpt_layer_local_spec(normalization="RMSNorm"))
     model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=VOCAB,
                      max_sequence_length=MAX_SEQ,
                      pre_process=parallel_state.is_pipeline_first_stage(),
@@ -134,7 +149,8 @@ def serve(engine, out: Path, rank: int, batch: int, prompt: int, decode: int,
 
 def main() -> int:
     out = Path(sys.argv[1])
-    plan = json.loads(sys.argv[2])  # [{"name", "tp", "pp", "workloads": [...]}, ...]
+    # [{"name", "tp", "pp", "ep", "moe", "order", "workloads": [...]}, ...]
+    plan = json.loads(sys.argv[2])
     place_on_cpu()
     import torch.distributed as dist
     dist.init_process_group("gloo")
@@ -143,11 +159,12 @@ def main() -> int:
     from megatron.core import parallel_state
     for layout in plan:
         start = time.monotonic()
-        # dp outermost: ranks placed as infercomm's layout places them (at dp 1 the same
-        # as Megatron's default order, tp-cp-ep-dp-pp)
-        parallel_state.initialize_model_parallel(layout["tp"], layout["pp"],
-                                                 order="tp-cp-ep-pp-dp")
-        engine = build(layout["tp"], layout["pp"])
+        # "tp-cp-ep-pp-dp" places ranks as infercomm's layout does (dp outermost; at dp 1 the
+        # same as Megatron's default, "tp-cp-ep-dp-pp", which a layout may ask for instead)
+        parallel_state.initialize_model_parallel(
+            layout["tp"], layout["pp"], expert_model_parallel_size=layout["ep"],
+            order=layout["order"])
+        engine = build(layout["tp"], layout["pp"], layout["ep"], layout["moe"])
         for work in layout["workloads"]:
             serve(engine, out / f"{layout['name']}-{work['name']}", rank, work["batch"],
                   work["prompt"], work["decode"], work["log_probs"])

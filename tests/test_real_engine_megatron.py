@@ -1,7 +1,8 @@
 """Megatron-Core itself as the judge of `--engine megatron`: its static inference engine
 (megatron-core 0.19.2 in .venv-megatron, which `make test` makes) serves tiny random-weight GPTs
-on 4 gloo ranks, TP2, PP2 and TP2 x PP2 in turn on one launch (scripts/megatron_cpu_oracle.py),
-and every rank's Kineto trace must validate exactly against the pattern of its settings.
+on 4 gloo ranks, TP2, PP2 and TP2 x PP2, and a tiny MoE GPT at TP2, TP2 x EP2, TP2 x PP2 and
+PP2 x EP2, in turn on one launch (scripts/megatron_cpu_oracle.py), and every rank's Kineto
+trace must validate exactly against the pattern of its settings.
 
 The tiny GPT (scripts/megatron_cpu_oracle.py): h 128, 4 layers, vocabulary 256 (a multiple of
 128 * tp: Megatron pads nothing), fp32. Each layout serves a static batch of b = 2 prompts of
@@ -17,6 +18,22 @@ cites them):
   [2, 1, 256] (512 elements) from the last stage: 2 calls;
 - TP2 x PP2: stage 0 1 + 2 * 2 = 5 all-reduces, the send and the broadcast; stage 1 the recv,
   4 all-reduces, the gather and the broadcast: 7 calls each.
+
+The tiny MoE GPT (the same, with layers 1-3 MoE: 4 experts, top 2, a shared expert; served as
+"last" only) at b = 2, s = 8: T = 16 tokens a prefill, 2 a decode step. Megatron's default
+all-gather dispatcher (megatron-core 0.19.2 core/transformer/moe/token_dispatcher.py 278-300,
+352-365; patterns/engines/megatron/moe.py) issues per MoE layer, over its group of n ranks, the
+all-gathers of the routing map bool [T, 4], the probabilities [T, 4] and the tokens [T, 128],
+and the reduce-scatter of [n * T, 128]: 4 calls; at TP also linear_proj's and the shared
+expert's all-reduce: 6. Per step and rank:
+- TP2 (--dp 2, n = 2): 1 + 2 (dense layer 0) + 3 * 6 + the logits gather = 22;
+- TP2 x EP2 (--dp 2 --ep: Megatron's expert TP 2 x EP 2 = all 4 ranks, n = 4): 22;
+- TP2 x PP2 (n = 2): stage 0 1 + 2 + 6 + the send + the broadcast = 11; stage 1 the recv,
+  2 * 6, the gather, the broadcast = 15;
+- PP2 x EP2 (--dp 2 --ep, n = 2, no TP: no all-reduce): stage 0 4 + send + broadcast = 6;
+  stage 1 recv + 2 * 4 + broadcast = 10. Its ranks are numbered as Megatron numbers them by
+  default (order tp-cp-ep-dp-pp: PP outermost, which EP with PP needs), so validate reads them
+  with --rank-order tp-dp-pp.
 """
 
 import json
@@ -105,6 +122,10 @@ def test_pipeline_peers_are_world_ranks_in_the_trace(served) -> None:
     ("tp2-log-probs", 10 * 3 * 4),  # 3 steps
     ("pp2-log-probs", 2 * 3 * 4),
     ("tp2-pp2-log-probs", 7 * 3 * 4),
+    ("moe-tp2-last", 22 * 4 * 4),  # 22 calls a step, 4 steps, 4 ranks
+    ("moe-tp2-ep2-last", 22 * 4 * 4),
+    ("moe-tp2-pp2-last", (2 * 11 + 2 * 15) * 4),  # 2 ranks a stage
+    ("moe-pp2-ep2-last", (2 * 6 + 2 * 10) * 4),
 ])
 def test_every_layout_validates_exactly(served, cli, name: str, calls: int) -> None:
     status, out = _validate(cli, served, name)
@@ -141,3 +162,43 @@ def test_the_traces_tell_the_logits_settings_apart(served, cli, name: str, extra
     # the last stage's prefill gather differs too: [1, 2, 128] against [8, 2, 128]
     gathers = {row[3] for row in _rows(out) if row[:3] == ["2", "prefill", "allgather"]}
     assert gathers == {"256", "2,048"}
+
+
+@pytest.mark.parametrize("name, group", [("moe-tp2-last", "2"), ("moe-tp2-ep2-last", "4")])
+def test_moe_dispatch_gathers_a_bool_routing_map(served, cli, name: str, group: str) -> None:
+    status, out = _validate(cli, served, name)
+    assert status == 0, out[-3000:]
+    rows = _rows(out)
+    # prefill T = 16: the routing map [16, 4] = 64 bool, the tokens [16, 128] = 2048, the
+    # reduce-scatter's input [n * 16, 128]; 3 MoE layers, so 3 of each; decode T = 2, 3 steps
+    n = int(group)
+    for rank in "0123":
+        assert [rank, "prefill", "allgather", "64", "bool", group, "3", "3", "equal"] in rows
+        assert [rank, "decode", "allgather", "8", "bool", group, "9", "9", "equal"] in rows
+        assert [rank, "prefill", "reducescatter", f"{n * 2048:,}", "fp32", group, "3", "3",
+                "equal"] in rows
+
+
+def test_moe_trace_reads_every_all_reduce_with_its_dtype(served) -> None:
+    """gloo records each reduce-scatter as a gloo:all_reduce event: the TensorList all-reduces
+    after the first MoE layer read as dtype "unknown" before patterns/traces/kineto.py paired
+    them past it (every call here is fp32 or bool)."""
+    argv = served["traces"]["moe-tp2-last"]["validate"]
+    trace = read_traces(argv[argv.index("--trace") + 1:argv.index("--engine")])
+    # 22 calls a step, 4 steps, 4 ranks
+    assert trace.calls == 352 and trace.unparsed == 0
+    assert {c.dtype for c in trace.table} == {"fp32", "bool"}
+
+
+def test_megatron_rank_order_is_named(served, cli) -> None:
+    """PP2 x EP2 as Megatron numbers it (PP outermost) held in infercomm's own order: rank 0
+    (stage 0, DP 0) sends to rank 2, which infercomm's layout places on stage 0 of DP 1."""
+    status, out = _validate(cli, served, "moe-pp2-ep2-last", "--rank-order", "tp-pp-dp")
+    assert status == 1, out[-3000:]
+    summary = last_json(out)
+    # stage 0's 4 dispatcher calls, then the send of [8, 2, 128] = 2048 elements
+    assert summary["first_difference"] == (
+        "rank 0: call 4 (prefill step 0, op 4 of the step) differs: the trace has send 2048 x "
+        "fp32 (group of ? peer 2), the pattern has send 2048 x fp32 (group of 2 peer 1) "
+        "[pp.hidden_states]")
+    assert any("pass --rank-order tp-dp-pp" in note for note in summary["notes"])

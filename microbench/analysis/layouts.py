@@ -118,8 +118,17 @@ class Priced:
                 "tpot": self.decode_step_us + self.compute_decode_step_us,
                 "e2e": self.e2e_us + self.compute_e2e_us}
 
+    def comm_shares(self) -> dict[str, float]:
+        """How much of each floor is communication: what the sweeps say the calls take, over
+        that plus the compute floor. Compute is a floor (kernels reach a fraction of the
+        peaks), so the engine's share is at most this."""
+        comm = {"ttft": self.prefill_us, "tpot": self.decode_step_us, "e2e": self.e2e_us}
+        return {k: comm[k] / total if total > 0 else 0.0
+                for k, total in self.totals().items()}
+
     def as_dict(self) -> dict[str, Any]:
         totals = self.totals()
+        shares = self.comm_shares()
         return {"tp": self.shape.tp, "pp": self.shape.pp, "dp": self.shape.dp,
                 "ep": self.shape.ep, "prefill_us": round(self.prefill_us, 3),
                 "decode_step_us": round(self.decode_step_us, 3),
@@ -130,6 +139,9 @@ class Priced:
                 "ttft_floor_us": round(totals["ttft"], 3),
                 "tpot_floor_us": round(totals["tpot"], 3),
                 "e2e_floor_us": round(totals["e2e"], 3),
+                "ttft_comm_share": round(shares["ttft"], 4),
+                "tpot_comm_share": round(shares["tpot"], 4),
+                "e2e_comm_share": round(shares["e2e"], 4),
                 "volume_bytes": self.volume_bytes,
                 "meets_budget": self.meets_budget, "crosses_nodes": self.crosses_nodes,
                 "weight_bytes_per_gpu": self.weight_bytes,

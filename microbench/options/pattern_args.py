@@ -94,7 +94,8 @@ def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True
                             "a finished request rides one more decode batch)")
     group.add_argument("--sp", action="store_true",
                        help="megatron: sequence parallelism; its static engine refuses it for "
-                            "dense models, and so does this profile")
+                            "dense models and runs it for MoE only switched off outside the "
+                            "MoE layers: refused here (not modelled)")
     group.add_argument("--return-log-probs", action="store_true",
                        help="megatron: the requests ask for log-probs (return_log_probs): the "
                             "prefill gathers and broadcasts the logits of every prompt "

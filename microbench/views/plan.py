@@ -20,7 +20,8 @@ def _shape(p: Any) -> str:
 def layout_rows(priced: list[Any], objective: str, budgeted: bool) -> str:
     name = OBJECTIVE_NAMES[objective]
     header = ["", "tp", "pp", "dp", "ep", "prefill", "decode step", "end to end",
-              "compute prefill", "compute step", f"{name} floor", "bus volume", "memory/GPU",
+              "compute prefill", "compute step", f"{name} floor", "comm share", "bus volume",
+              "memory/GPU",
               "KV tokens", "max conc.", "nodes"] + (["budget"] if budgeted else [])
     rows = []
     for p in priced:
@@ -28,7 +29,8 @@ def layout_rows(priced: list[Any], objective: str, budgeted: bool) -> str:
                "yes" if p.shape.ep else "no", format_us(p.prefill_us),
                format_us(p.decode_step_us), format_us(p.e2e_us),
                format_us(p.compute_prefill_us), format_us(p.compute_decode_step_us),
-               format_us(p.totals()[objective]), format_bytes(float(p.volume_bytes)),
+               format_us(p.totals()[objective]), f"{100 * p.comm_shares()[objective]:.0f}%",
+               format_bytes(float(p.volume_bytes)),
                format_bytes(float(p.memory_bytes)), f"{p.kv_capacity_tokens:,}",
                f"{p.max_concurrency:.2f}x", "spans" if p.crosses_nodes else "one"]
         if budgeted:
@@ -96,7 +98,8 @@ def top_lines(priced: list[Any], objective: str) -> list[str]:
     lines = [f"top {min(TOP, len(fitting))} by the {name} floor (communication + compute):",
              f"  1. {_shape(best)}: {format_us(best.totals()[objective])} (communication "
              f"{format_us(best.totals()[objective] - _compute(best, objective))}, compute "
-             f"{format_us(_compute(best, objective))})"]
+             f"{format_us(_compute(best, objective))}: communication is "
+             f"{100 * best.comm_shares()[objective]:.0f}% of it)"]
     for i, p in enumerate(fitting[1:TOP], start=2):
         lines.append(f"  {i}. {_shape(p)}: {format_us(p.totals()[objective])}, "
                      f"{why_lost(p, best, objective)}")

@@ -19,6 +19,10 @@ next_rank)` with no group, next_rank from `get_process_group_ranks(pp_group)`:
 megatron/core/inference/communication_utils.py, `send_to_next_pipeline_rank` and
 `recv_from_prev_pipeline_rank_`, megatron-core 0.19.2), so a gloo `c10d::send` of its TP2 x
 PP2 rank 0 says peer 2 where the pattern has stage 1. Either numbering matches.
+
+A job that numbered its ranks otherwise than the layout (Megatron-Core's default order puts PP
+outermost: patterns/rank_order.py) is compared with `rank_order`: each trace rank plays the
+layout's rank of the same (stage, dp rank, tp rank), and a world-rank peer is the job's number.
 """
 
 from collections import Counter
@@ -28,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from patterns.errors import ConfigError
 from patterns.ops import Op, Phase
 from patterns.pattern import Pattern
+from patterns.rank_order import LAYOUT_ORDER, job_rank, layout_rank
 from patterns.traces.calls import Call, RankCalls, Trace
 
 HIDDEN_HINT = ("the trace holds fewer all-reduces than the pattern; if the engine ran CUDA "
@@ -106,8 +111,10 @@ def _as_calls(op: Op, me: int, p2p: set[str]) -> list[Call]:
     return [Call(kind, n, dt, size, peer=op.peer, root=op.root)]
 
 
-def _expected(pattern: Pattern, rank: int, p2p: set[str]) -> Iterator[_Expected]:
-    """What one rank should issue over one inference, lazily."""
+def _expected(pattern: Pattern, rank: int, p2p: set[str],
+              order: str = LAYOUT_ORDER) -> Iterator[_Expected]:
+    """What the layout's rank `rank` should issue over one inference, lazily; a pipeline
+    peer's world rank numbered in the job's `order`."""
     layout = pattern.layout
     stage = layout.stage_of(rank)
     step_index = 0
@@ -115,8 +122,8 @@ def _expected(pattern: Pattern, rank: int, p2p: set[str]) -> Iterator[_Expected]
         for _ in range(run.repeat):
             for i, op in enumerate(run.step.ops):
                 for call in _as_calls(op, _group_rank(pattern, rank, op), p2p):
-                    world = (layout.rank_of(call.peer, layout.tp_rank_of(rank),
-                                            layout.dp_rank_of(rank))
+                    world = (job_rank(layout, layout.rank_of(
+                        call.peer, layout.tp_rank_of(rank), layout.dp_rank_of(rank)), order)
                              if op.group == "pp" and call.peer is not None else None)
                     yield _Expected(run.phase, step_index, i, call, op.tag, world)
             step_index += 1
@@ -204,8 +211,9 @@ def _start(trace: Trace, rank: RankCalls, first_step: list[_Expected]) -> int:
 
 
 def _compare_rank(trace: Trace, rank: RankCalls, pattern: Pattern, p2p: set[str],
-                  rows: list[Row], result: Validation) -> str | None:
-    expected = list(_expected(pattern, rank.rank, p2p))
+                  rows: list[Row], result: Validation, order: str) -> str | None:
+    plays = layout_rank(pattern.layout, rank.rank, order)
+    expected = list(_expected(pattern, plays, p2p, order))
     first_step = [e for e in expected if e.step == 0]
     start = _start(trace, rank, first_step)
     end = min(len(rank.ids), start + len(expected))
@@ -258,7 +266,8 @@ def _compare_rank(trace: Trace, rank: RankCalls, pattern: Pattern, p2p: set[str]
     return first
 
 
-def validate(trace: Trace, pattern: Pattern) -> Validation:
+def validate(trace: Trace, pattern: Pattern, rank_order: str = LAYOUT_ORDER) -> Validation:
+    """`rank_order`: how the job numbered the trace's ranks (patterns/rank_order.py)."""
     world = pattern.layout.world_size
     if trace.disjoint and pattern.layout.pp > 1:
         raise ConfigError(trace.disjoint + "; a pipeline's stages send/recv between them: "
@@ -272,7 +281,7 @@ def validate(trace: Trace, pattern: Pattern) -> Validation:
         if not 0 <= rank.rank < world:
             raise ConfigError(f"trace rank {rank.rank} ({rank.name}) is outside the layout's "
                               f"{world} ranks; pass the --tp/--pp the engine ran with")
-        first = _compare_rank(trace, rank, pattern, p2p, result.rows, result)
+        first = _compare_rank(trace, rank, pattern, p2p, result.rows, result, rank_order)
         if result.first_difference is None:
             result.first_difference = first
     notes = result.notes

@@ -2,7 +2,8 @@
 legacy static-batch loop), as megatron-core 0.19.2 issues its calls. Paths below are under
 `megatron/core/` of the megatron-core 0.19.2 wheel (NVIDIA/Megatron-LM's release of that
 name); the calls were held against the engine itself serving tiny GPTs on gloo at TP2, PP2
-and TP2 x PP2 (scripts/megatron_cpu_oracle.py, tests/test_real_engine_megatron.py).
+and TP2 x PP2, and a tiny MoE GPT at TP2, TP2 x EP2, TP2 x PP2 and PP2 x EP2
+(scripts/megatron_cpu_oracle.py, tests/test_real_engine_megatron.py).
 
 One static batch of b prompts of s tokens, generating Sd tokens: a prefill forward over
 [s, b], then Sd - 1 decode forwards of [1, b]
@@ -11,7 +12,9 @@ One static batch of b prompts of s tokens, generating Sd tokens: a prefill forwa
 Megatron's [s, b, h]. Per forward:
 - TP: the VocabParallelEmbedding all-reduce on the first stage, then per layer
   RowParallelLinear's all-reduce after linear_proj and after linear_fc2
-  (`tensor_parallel/layers.py`), [s, b, h];
+  (`tensor_parallel/layers.py`), [s, b, h]; a MoE layer's MLP issues its shared expert's
+  all-reduce and its token dispatcher's gathers and reduce-scatter instead
+  (patterns/engines/megatron/moe.py), over TP or, with --ep, the stage's dp x tp ranks;
 - PP: one tensor a boundary, [s, b, h] in `pipeline_dtype` (the model's dtype here), sent with
   `torch.distributed.P2POp(isend, tensor, next_rank)` on the world group
   (`inference/communication_utils.py`, `send_to_next_pipeline_rank`; the receive likewise):
@@ -32,7 +35,13 @@ _vocab_size_with_padding`). Static batching captures no CUDA graphs (not by defa
 
 Sequence parallelism: the static loop refuses it unless the model is MoE with TP and EP > 1
 (text_generation_controller.py 3469-3486, "Sequence parallellism is only supported for static
-batching with MoE models"); MoE is not modelled here, so `--sp` is refused.
+batching with MoE models"), and then turns it off for every module outside the MoE layers
+(`set_model_to_sequence_parallel(..., exclude_modules=[BaseMoELayer])`); that mixed setting
+is not modelled, so `--sp` is refused for every model.
+
+Multi-latent attention (DeepSeek) is refused: its down-projections gather over TP or not
+depending on the layer spec (`transformer/multi_latent_attention.py` 515-610, 652, 739), which
+no engine run here has shown.
 
 Not modelled: the dynamic engine (`inference/engines/dynamic_engine.py`, what
 `StaticInferenceEngine` builds unless `legacy=True`, falling back to the legacy loop where it
@@ -43,6 +52,7 @@ CUDA-graph batch padding and chunked prefill in `inference/contexts/dynamic_cont
 """
 
 from patterns.engine_base import EngineInfo, register
+from patterns.engines.megatron.moe import moe_layer
 from patterns.errors import ConfigError
 from patterns.layout import Layout, Workload
 from patterns.models import ModelConfig
@@ -56,17 +66,23 @@ INFO = EngineInfo(
     version="megatron-core 0.19.2",
     source="megatron-core 0.19.2 (NVIDIA/Megatron-LM): core/inference/text_generation_"
            "controllers/text_generation_controller.py, core/inference/communication_utils.py, "
-           "core/models/gpt/gpt_model.py, core/tensor_parallel/layers.py",
+           "core/models/gpt/gpt_model.py, core/tensor_parallel/layers.py, core/transformer/"
+           "moe/moe_layer.py, core/transformer/moe/token_dispatcher.py, core/transformer/"
+           "moe/shared_experts.py",
     options=("sp", "return_log_probs"),
     not_modelled=(
         "the dynamic inference engine (DynamicInferenceEngine: the default of recent "
         "releases, and what StaticInferenceEngine runs without legacy=True): its steps pack "
         "every request's tokens [T, 1, h] with CUDA-graph padding and chunked prefill",
-        "MoE models (refused): at TP the static engine's default all-gather dispatcher "
-        "gathers each MoE layer's routing map (bool [T, E]), probabilities [T, E] and tokens "
-        "[T, h] over TP and reduce-scatters the experts' output [tp*T, h] (core/transformer/"
-        "moe/token_dispatcher.py 278-300, 352-365; seen serving a tiny MoE here)",
-        "sequence parallelism (the static engine runs it only for MoE models with EP; refused)",
+        "MoE token dispatchers other than the default all-gather one (alltoall, flex / DeepEP, "
+        "the inference-optimized NCCL and NVLS ones of transformer_impl="
+        "'inference_optimized'), shared-expert overlap, and moe_router_dtype='fp32' (the "
+        "probabilities and the experts' reduce-scatter then fp32, not the model's dtype)",
+        "expert data parallelism within a stage (expert_model_parallel_size x "
+        "expert_tensor_parallel_size below dp x tp): --ep spans every dp x tp rank",
+        "multi-latent attention (DeepSeek; refused)",
+        "sequence parallelism (the static engine runs it only for MoE models with TP and EP, "
+        "switched off outside the MoE layers; refused)",
         "fp32_residual_connection (PP tensors in fp32)",
     ),
 )
@@ -87,12 +103,16 @@ def forward(st: Stage, s: int, b: int, logit_rows: int) -> list[Op]:
     ops: list[Op] = []
     if not st.is_first:
         ops.append(st.p2p(OpKind.RECV, shape, "pp.hidden_states", peer=st.index - 1))
-    if tp > 1:
-        if st.is_first:
-            ops.append(st.tp_op(OpKind.ALLREDUCE, shape, shape, "embedding"))
-        for layer in st.layers:
-            for module in ("self_attention.linear_proj", "mlp.linear_fc2"):
-                ops.append(st.tp_op(OpKind.ALLREDUCE, shape, shape, f"layers.{layer}.{module}"))
+    if tp > 1 and st.is_first:
+        ops.append(st.tp_op(OpKind.ALLREDUCE, shape, shape, "embedding"))
+    for layer in st.layers:
+        if tp > 1:
+            ops.append(st.tp_op(OpKind.ALLREDUCE, shape, shape,
+                                f"layers.{layer}.self_attention.linear_proj"))
+        if st.model.is_moe_layer(layer):
+            ops += moe_layer(st, layer, s * b, shape)
+        elif tp > 1:
+            ops.append(st.tp_op(OpKind.ALLREDUCE, shape, shape, f"layers.{layer}.mlp.linear_fc2"))
     vocab = padded_vocab(st.model.vocab_size, tp)
     if not st.is_last:
         ops.append(st.p2p(OpKind.SEND, shape, "pp.hidden_states", peer=st.index + 1))
@@ -118,13 +138,19 @@ def _stage_runs(st: Stage) -> list[Run]:
 
 
 def _check(model: ModelConfig, layout: Layout, sp: bool) -> None:
-    if model.is_moe:
-        raise ConfigError(f"{model.name} is a MoE model; the megatron profile models dense "
-                          "models only (Megatron's MoE token dispatchers are not modelled)")
-    if sp:
+    if sp and not model.is_moe:
         raise ConfigError(f"--sp: Megatron's static engine refuses sequence parallelism for "
                           f"the dense model {model.name} (\"only supported for static batching "
                           "with MoE models\"); drop --sp")
+    if sp:
+        raise ConfigError(f"--sp: Megatron's static engine runs sequence parallelism for the "
+                          f"MoE model {model.name} only with TP and expert parallelism, and "
+                          "then turns it off outside the MoE layers; that is not modelled: "
+                          "drop --sp")
+    if model.mla:
+        raise ConfigError(f"{model.name} uses multi-latent attention, whose calls the megatron "
+                          "profile does not model (its down-projections gather over TP or not "
+                          "by layer spec); use --engine vllm or sglang")
     if model.num_hidden_layers % layout.pp:
         raise ConfigError(f"pp({layout.pp}) does not divide num_hidden_layers"
                           f"({model.num_hidden_layers}) of {model.name}; Megatron splits "
