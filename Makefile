@@ -22,7 +22,7 @@ TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?= $(if $(shell command -v nvidia-smi 2>/dev/null),none,$(TORCH_CPU_INDEX))
 TORCH_INDEX_ARG := $(if $(filter-out none,$(TORCH_INDEX)),--extra-index-url $(TORCH_INDEX) --retries 1)
 
-.PHONY: setup setup-engine setup-megatron demo test test-quick test-slurm test-gpu test-gpu-standin lint bench clean
+.PHONY: setup setup-engine setup-megatron setup-rdma-libs demo test test-quick test-slurm test-gpu test-gpu-standin lint bench clean
 
 setup: $(STAMP)
 
@@ -74,7 +74,7 @@ $(MEGATRON_STAMP):
 PIP_LOG = $(VENV)/install.log
 PIP_QUIET = --quiet --disable-pip-version-check
 $(STAMP): pyproject.toml
-	@echo "make: setting up $(VENV): torch (a CPU build where no NVIDIA driver is found), MPI (mpich, mpi4py), NIXL, transformers, the test tools; a few minutes; pip's output goes to $(PIP_LOG)"
+	@echo "make: setting up $(VENV): torch (a CPU build where no NVIDIA driver is found), MPI (mpich, mpi4py), NIXL, Mooncake, transformers, the test tools; a few minutes; pip's output goes to $(PIP_LOG)"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/pip install $(PIP_QUIET) $(TORCH_INDEX_ARG) $(TORCH_PIN) > $(PIP_LOG) 2>&1 \
 	  || { tail -n 5 $(PIP_LOG); echo "make: $(TORCH_PIN) did not install (the lines above end $(PIP_LOG))"; exit 1; }
@@ -84,6 +84,10 @@ $(STAMP): pyproject.toml
 	@# skip where it does not, so a failed install only says so.
 	@$(BIN)/pip install $(PIP_QUIET) -e '.[nixl]' >> $(PIP_LOG) 2>&1 \
 	  || echo "nixl-cu12 could not be installed here: replay --kv-transport nixl and its tests are skipped"
+	@# Mooncake's transfer engine (replay --kv-transport mooncake), its CPU build; its tests skip
+	@# without it, or without the libraries of setup-rdma-libs.
+	@$(BIN)/pip install $(PIP_QUIET) -e '.[mooncake]' >> $(PIP_LOG) 2>&1 \
+	  || echo "mooncake-transfer-engine-non-cuda could not be installed here: replay --kv-transport mooncake and its tests are skipped"
 	@# transformers (a real engine whose TP traces validate runs against); its tests skip without it.
 	@$(BIN)/pip install $(PIP_QUIET) -e '.[engine]' >> $(PIP_LOG) 2>&1 \
 	  || echo "transformers could not be installed here: tests/test_real_engine_hf.py is skipped"
@@ -100,8 +104,23 @@ demo: setup
 lint: setup
 	$(BIN)/ruff check .
 
+# Mooncake's engine.so links libibverbs, librdmacm and libnuma even for TCP. Installing system
+# packages is asked for, never implied (as Slurm's: .ci/run asks): with
+# INFERCOMM_INSTALL_RDMA_LIBS=1, root and apt, the missing ones are installed; else, or where
+# that fails, the Mooncake tests skip, each naming the library.
+RDMA_LIBS ?= libibverbs1 librdmacm1 libnuma1
+setup-rdma-libs:
+	@missing=$$(for p in $(RDMA_LIBS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
+	    | grep -q 'ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ] && [ "$$INFERCOMM_INSTALL_RDMA_LIBS" = 1 ]; then \
+	  echo "make: installing $$(echo $$missing) (apt) for Mooncake's engine"; \
+	  { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      --no-install-recommends $$missing >/dev/null 2>&1; } \
+	  || echo "make: $$(echo $$missing) could not be installed here (root and apt needed): the --kv-transport mooncake tests are skipped"; \
+	fi
+
 # The gpu-marked tests run here too, on the stand-ins (test-gpu-standin), every commit.
-test: lint setup-engine setup-megatron
+test: lint setup-engine setup-megatron setup-rdma-libs
 	$(BIN)/python -m pytest -m "not gpu"
 	$(MAKE) test-gpu-standin
 
@@ -111,7 +130,7 @@ test: lint setup-engine setup-megatron
 QUICK_SKIP ?= test_op_streaming test_predict_replay test_moe_replay_cli test_launcher test_watchdog \
 	test_real_engine_hf test_real_engine_vllm test_real_engine_hybrid test_real_engine_megatron \
 	test_traces_kineto test_replay \
-	test_disagg_replay
+	test_disagg_replay test_mooncake_replay
 test-quick: lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slurm and not mpi and not gpu" \
 	  $(foreach f,$(QUICK_SKIP),--ignore=tests/$(f).py)

@@ -136,7 +136,9 @@ def refuse_unused_options(args: argparse.Namespace) -> None:
         ("--kv-descriptors", args.kv_descriptors, None),
         ("--kv-direction", args.kv_direction, "read"),
         ("--kv-transport", args.kv_transport, None),
-        ("--nixl-progress-thread", args.nixl_progress_thread, False)) if value != default]
+        ("--nixl-progress-thread", args.nixl_progress_thread, False),
+        ("--mooncake-protocol", args.mooncake_protocol, None),
+        ("--mooncake-host", args.mooncake_host, None)) if value != default]
     if kv and args.op != ["kvtransfer"]:
         raise UsageError(f"{', '.join(kv)} act{'s' if len(kv) == 1 else ''} only with --op "
                          f"kvtransfer; drop {'it' if len(kv) == 1 else 'them'} or sweep --op "

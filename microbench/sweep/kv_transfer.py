@@ -25,6 +25,8 @@ from microbench.backends.kv_transports import (
     ENDS_PAST_DESTRUCTORS,
     PairDescs,
     Role,
+    check_transport_here,
+    mooncake_options,
     open_transport,
 )
 from microbench.options.disagg_args import DEFAULT_DESCRIPTORS, choose_kv_transport
@@ -64,9 +66,7 @@ def check_args(args: argparse.Namespace) -> tuple[list[int], int]:
                          f"{2 * count * max(sizes):,} bytes a rank; keep it within "
                          f"{MAX_BUFFER:,} (lower -e or --kv-descriptors)")
     choose_kv_transport(args)
-    if args.kv_transport == "nixl":
-        from microbench.backends.kv_transports import import_nixl
-        import_nixl()
+    check_transport_here(args)
     if args.device == "cuda":
         raise UsageError("--op kvtransfer moves host memory; drop --device cuda")
     return sizes, count
@@ -112,7 +112,8 @@ def _rank(sizes: list[int], count: int, env: Any, args: argparse.Namespace) -> i
         backend = open_backend(args.backend, env=env, device="cpu", timeout=args.timeout,
                                staging=False)
         transport = open_transport(args.kv_transport, backend.rank,
-                                   getattr(backend, "comm", None), args.nixl_progress_thread)
+                                   getattr(backend, "comm", None), args.nixl_progress_thread,
+                                   mooncake_options(args))
         whole = transport.allocate(2 * count * max(sizes))
         whole[:] = (np.arange(whole.size) % 251).astype(np.uint8) if backend.rank == 0 else 0
         results = []
