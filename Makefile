@@ -107,13 +107,16 @@ lint: setup
 # Mooncake's engine.so links libibverbs, librdmacm and libnuma even for TCP. Installing system
 # packages is asked for, never implied (as Slurm's: .ci/run asks): with
 # INFERCOMM_INSTALL_RDMA_LIBS=1, root and apt, the missing ones are installed; else, or where
-# that fails, the Mooncake tests skip, each naming the library.
-RDMA_LIBS ?= libibverbs1 librdmacm1 libnuma1
+# that fails, the Mooncake tests skip, each naming the library. ibverbs-providers (rdma-core's
+# verbs drivers, on most machines with an RDMA stack) is there so the NIXL tests meet what
+# such a machine loads: UCX then opens the system's providers and a second libnl-route, the
+# case in which NIXL's ranks died at exit (ranks/teardown.exit_past_library_destructors).
+RDMA_LIBS ?= libibverbs1 librdmacm1 libnuma1 ibverbs-providers
 setup-rdma-libs:
 	@missing=$$(for p in $(RDMA_LIBS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
 	    | grep -q 'ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ] && [ "$$INFERCOMM_INSTALL_RDMA_LIBS" = 1 ]; then \
-	  echo "make: installing $$(echo $$missing) (apt) for Mooncake's engine"; \
+	  echo "make: installing $$(echo $$missing) (apt) for Mooncake's engine and NIXL's UCX"; \
 	  { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	      --no-install-recommends $$missing >/dev/null 2>&1; } \
 	  || echo "make: $$(echo $$missing) could not be installed here (root and apt needed): the --kv-transport mooncake tests are skipped"; \
