@@ -12,6 +12,7 @@ from microbench.views.pattern import (
     steps_text,
 )
 from patterns import volume_bytes
+from patterns.dp_steps import wave_tail
 from patterns.volume import as_number
 
 
@@ -51,5 +52,8 @@ def run(args: argparse.Namespace) -> int:
                "ep": pattern.layout.ep,
                "calls_per_inference": calls_per_inference(pattern),
                "volume_bytes": as_number(volume_bytes(pattern)["total"])}
+    tail_steps, _ = wave_tail(pattern.stages[0])
+    if tail_steps:
+        summary["wave_tail_steps"] = tail_steps
     print(json.dumps(summary, separators=(",", ":")))
     return 0

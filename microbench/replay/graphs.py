@@ -52,8 +52,9 @@ from typing import Any
 
 from microbench.argtypes import UsageError
 from microbench.backends import Backend, BoundCall
+from microbench.replay.graph_spans import CAPTURED_PHASES
 from microbench.replay.plan import BoundOp, BoundRun, Plan
-from patterns import OpKind, Pattern, Phase
+from patterns import OpKind, Pattern
 from patterns.ops import Transport
 
 MODES = ("decode", "none")
@@ -142,7 +143,7 @@ def use_graphs(plan: Plan, backend: Backend, capture: Capture | None = None,
             lo, hi = max(start, step), min(end, step + run.repeat)
             if lo >= hi:
                 continue
-            if captured and run.phase == Phase.DECODE and run.ops:
+            if captured and run.phase in CAPTURED_PHASES and run.ops:
                 calls = captured_by_key.get(key) if key is not None else None
                 if calls is None:
                     calls = _captured_step(run.ops, capture, plan.graphs, backend.synchronize)
@@ -190,7 +191,7 @@ def _own_decode_runs(plan: Plan) -> tuple[tuple[int, int, bool], ...]:
     """A plan built by hand (no pattern): each of its decode runs is a piece."""
     pieces, step = [], 0
     for run in plan.runs:
-        pieces.append((step, step + run.repeat, run.phase == Phase.DECODE))
+        pieces.append((step, step + run.repeat, run.phase in CAPTURED_PHASES))
         step += run.repeat
     return tuple(pieces)
 

@@ -58,6 +58,11 @@ class Plan:
         return sum(run.repeat for run in self.runs if run.phase == Phase.PREFILL)
 
     @property
+    def tail_steps(self) -> int:
+        """Steps of vLLM's DP wave tail after the inference's own (Phase.WAVE_TAIL)."""
+        return sum(run.repeat for run in self.runs if run.phase == Phase.WAVE_TAIL)
+
+    @property
     def prefill_calls(self) -> int:
         return sum(len(run.ops) * run.repeat for run in self.runs if run.phase == Phase.PREFILL)
 
