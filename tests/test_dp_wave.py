@@ -145,7 +145,8 @@ def test_replay_times_the_tail_as_its_own_phase(tmp_path):
     assert (last["calls_per_inference"], last["wave_tail_steps"], last["wrong"]) == (
         32 * 9 + 1, 29, 0)
     assert last["wave_tail_us"] > 0 and "wave tail (DP lockstep)" in proc.stdout
-    rows = list(csv.DictReader(open(Path(last["results_dir"]) / "iterations.csv")))
+    with open(Path(last["results_dir"]) / "iterations.csv") as f:
+        rows = list(csv.DictReader(f))
     assert len(rows) == 1 and all(float(r["wave_tail_us"]) > 0 for r in rows)
     summary = json.loads((Path(last["results_dir"]) / "summary.json").read_text())
     assert (summary["prefill_steps"], summary["decode_steps"], summary["wave_tail_steps"]) == (

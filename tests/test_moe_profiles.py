@@ -275,9 +275,14 @@ def test_sglang_dp_attention_deepseek_dp8():
     assert [(op.kind.value, op.shape, op.out_shape) for op in decode.ops[1:3]] == [
         ("allgather", (128, 7168), (1024, 7168)), ("reducescatter", (1024, 7168), (128, 7168))]
     assert decode.ops[-1].shape == (1024, 129280 // 8)  # 129280 = 64 * 2020: no padding
-    # Extend, SUM_LEN: all-reduces of the zero-filled [8 x 2048, h] buffer, twice per layer.
+    # Extend, SUM_LEN: all-reduces of the zero-filled [sum T, h] buffer, twice per layer.
+    # DP attention divides chunked_prefill_size by dp (server_args.py:5572-5580 @
+    # 8905cbd4): 8192 / 8 = 1024 tokens a chunk, so each rank's 128 x 16 = 2048 prompt
+    # tokens take 2 extend steps of 1024: [8 x 1024, h].
+    first = pat.stages[0][0]
+    assert (first.phase.value, first.step.tokens, first.repeat) == ("prefill", 1024, 2)
     assert {(op.kind.value, op.shape) for op in prefill.ops[1:123]} == {
-        ("allreduce", (16384, 7168))}
+        ("allreduce", (8192, 7168))}
 
 
 def test_engines_without_dp_rules_refuse_ep_and_sglang_dp_without_ep_is_replicas():

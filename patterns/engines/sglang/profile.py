@@ -43,6 +43,7 @@ from patterns.engines.sglang.dp import (
     sglang_mlp_sync,
     sglang_step_tokens,
 )
+from patterns.engines.sglang.embedding import check_dp_attention_embedding, embedding_ops
 from patterns.engines.sglang.transports import sglang_allreduce, sglang_logits_allgather
 from patterns.engines.vllm.profile import PP_KEYS, pp_receive
 from patterns.errors import ConfigError
@@ -207,14 +208,16 @@ def _dp_attention(model: ModelConfig, layout: Layout, workload: Workload,
                   options: EngineOptions) -> tuple[tuple[tuple[Run, ...], ...], ...]:
     """A MoE model at dp > 1 runs DP attention (`--enable-dp-attention`, SGLang's --tp is
     dp x tp here): every DP rank's runs, the ranks stepping together with idle batches
-    (`patterns.dp_steps`). Per step the MLPSyncBatchInfo all-gather; per layer (dense
-    layers too: FULL MLP mode) the DP gather and scatter of `dp.sglang_dp_layer`,
-    or DeepEP all-to-all for MoE layers with `--a2a alltoall`; the logits of
-    `sglang_dp_logits`. Extend steps run eager here."""
+    (`patterns.dp_steps`). Per step the MLPSyncBatchInfo all-gather and the embedding's
+    attention-TP all-reduce (`embedding.py`); per layer (dense layers too: FULL MLP mode)
+    the DP gather and scatter of `dp.sglang_dp_layer`, or DeepEP all-to-all for MoE layers
+    with `--a2a alltoall`; the logits of `sglang_dp_logits`. Extend steps run eager here,
+    in chunks of chunked_prefill_size / dp (`dp_attention_budget`)."""
     if layout.pp > 1:
         raise ConfigError(f"sglang with dp({layout.dp}) models DP attention at pp 1 only; "
                           "use --pp 1")
-    budget = options.max_batched_tokens or chunked_prefill_size(options.gpu)
+    check_dp_attention_embedding(model)
+    budget = dp_attention_budget(options, layout)
     sizes = [] if options.eager else decode_graph_sizes(layout.dp * layout.tp, options.gpu)
 
     def graph(tokens: int) -> int | None:
@@ -234,7 +237,8 @@ def _dp_attention(model: ModelConfig, layout: Layout, workload: Workload,
     def ops_of(d: int, stage: int, steps: tuple[RankStep, ...],
                tokens: tuple[int, ...]) -> list[Op]:
         _, mode = sglang_step_tokens(steps, graph)
-        ops = sglang_mlp_sync(layout)
+        # the embedding's attention-TP all-reduce of this rank's tokens (embedding.py)
+        ops = sglang_mlp_sync(layout) + embedding_ops(model, layout, tokens[d], dtype)
         for layer in range(model.num_hidden_layers):
             top_k = model.num_experts_per_tok if model.is_moe_layer(layer) else None
             ops += sglang_dp_layer(f"layers.{layer}", layout, tokens, d, model.hidden_size,
@@ -245,6 +249,12 @@ def _dp_attention(model: ModelConfig, layout: Layout, workload: Workload,
 
     return build_replicas(align_dp_runs(per_rank, SGLANG_IDLE_STEP), 1,
                           lambda steps: sglang_step_tokens(steps, graph)[0], ops_of)
+
+
+def dp_attention_budget(options: EngineOptions, layout: Layout) -> int:
+    """A DP-attention rank's chunk of prefill tokens: SGLang divides chunked_prefill_size
+    (given or its default) by dp_size (`server_args.py:5572-5580` @ 8905cbd4)."""
+    return (options.max_batched_tokens or chunked_prefill_size(options.gpu)) // layout.dp
 
 
 def _dp_logits_transport(op: Op, options: EngineOptions) -> Op:
