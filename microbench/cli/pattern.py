@@ -38,6 +38,10 @@ def run(args: argparse.Namespace) -> int:
     from patterns.workload.steps import WorkloadPattern
     if isinstance(pattern, WorkloadPattern):  # --requests: steps and per-request figures
         from microbench.views.workload import print_workload
+        from patterns.workload.dp_pattern import DPWorkloadPattern
+        if isinstance(pattern, DPWorkloadPattern) and not args.steps:  # over DP ranks
+            from microbench.views.dp_workload import print_dp_workload
+            return print_dp_workload(pattern, args.format)
         return print_workload(pattern, args.format, args.steps)
     if args.format == "json":
         print(json.dumps(pattern_document(pattern, with_steps=args.steps),

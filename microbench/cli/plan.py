@@ -73,11 +73,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F",
                        help="the share of --gpu-memory the engine may use (vLLM's "
                             "--gpu-memory-utilization, default 0.9)")
-    group.add_argument("--dp-routing", choices=("round-robin", "least-loaded"),
-                       default=None,
-                       help="with --requests: how requests reach the DP replicas: "
-                            "round-robin (default; vLLM's DP load balancer under even load) "
-                            "or least-loaded (the replica with the fewest unfinished)")
     group.add_argument("--format", choices=("table", "json", "csv"), default="table",
                        help="table (default), json (one document) or csv")
     from microbench.analysis.kv_plan import add_plan_arguments

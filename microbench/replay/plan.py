@@ -59,8 +59,14 @@ class Plan:
 
     @property
     def tail_steps(self) -> int:
-        """Steps of vLLM's DP wave tail after the inference's own (Phase.WAVE_TAIL)."""
-        return sum(run.repeat for run in self.runs if run.phase == Phase.WAVE_TAIL)
+        """Steps of vLLM's DP wave tail after the inference's own (the last runs, of
+        Phase.WAVE_TAIL; a request workload's earlier waves' tails are its own steps)."""
+        steps = 0
+        for run in reversed(self.runs):
+            if run.phase != Phase.WAVE_TAIL:
+                break
+            steps += run.repeat
+        return steps
 
     @property
     def prefill_calls(self) -> int:

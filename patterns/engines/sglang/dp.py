@@ -25,8 +25,10 @@ from collections.abc import Callable, Sequence
 
 from patterns.dp_steps import RankStep
 from patterns.layout import Layout
+from patterns.models import ModelConfig
 from patterns.moe import ceil_div, tp_op
 from patterns.ops import Op, OpKind, Phase, Transport
+from patterns.tiled import Part, TiledOps
 
 # int64 values each rank contributes to SGLang's MLPSyncBatchInfo all-gather (spec 10.4).
 MLP_SYNC_FIELDS = 7
@@ -144,3 +146,21 @@ def sglang_dp_logits(layout: Layout, rows: Sequence[int], dp_rank: int, hidden: 
         return []
     return [*gather, Op(kind=OpKind.ALLGATHER, group="ep", group_size=n, shape=(total, shard),
                         out_shape=(total, shard * n), dtype=dtype, tag="logits")]
+
+
+def sglang_dp_layers(model: ModelConfig, layout: Layout, tokens: Sequence[int], dp_rank: int,
+                     dtype: str, mode: str, a2a: str) -> TiledOps:
+    """Every layer's `sglang_dp_layer` calls of one step, one layer's calls a run of layers
+    of a kind (dense or MoE: their calls differ by tag alone)."""
+    parts: list[Part] = []
+    first = 0
+    for layer in range(1, model.num_hidden_layers + 1):
+        if (layer < model.num_hidden_layers
+                and model.is_moe_layer(layer) == model.is_moe_layer(first)):
+            continue
+        top_k = model.num_experts_per_tok if model.is_moe_layer(first) else None
+        ops = sglang_dp_layer(f"layers.{first}", layout, tokens, dp_rank, model.hidden_size,
+                              dtype, mode, top_k, a2a)
+        parts.append((tuple(ops), first, layer - first))
+        first = layer
+    return TiledOps(parts)

@@ -38,7 +38,7 @@ from patterns.dp_steps import SGLANG_IDLE_STEP, RankStep, align_dp_runs, build_r
 from patterns.dtypes import dtype_bytes
 from patterns.engine_base import EngineInfo, register
 from patterns.engines.sglang.dp import (
-    sglang_dp_layer,
+    sglang_dp_layers,
     sglang_dp_logits,
     sglang_mlp_sync,
     sglang_step_tokens,
@@ -53,6 +53,7 @@ from patterns.ops import Op, OpKind, Phase, Transport
 from patterns.pattern import EngineOptions, Pattern, Run
 from patterns.shapes import padded_vocab, prefill_chunks, stage_layer_counts
 from patterns.stage import Stage, merge, pad_to, run, stages, tp_model_calls
+from patterns.tiled import TiledOps
 
 INFO = EngineInfo(
     name="sglang",
@@ -231,24 +232,29 @@ def _dp_attention(model: ModelConfig, layout: Layout, workload: Workload,
         if workload.decode_steps:
             own.append((RankStep(Phase.DECODE, batch, batch), workload.decode_steps))
         per_rank.append(own)
-    vocab = padded_vocab(model.vocab_size)
     dtype = workload.dtype or model.default_dtype
 
     def ops_of(d: int, stage: int, steps: tuple[RankStep, ...],
                tokens: tuple[int, ...]) -> list[Op]:
         _, mode = sglang_step_tokens(steps, graph)
-        # the embedding's attention-TP all-reduce of this rank's tokens (embedding.py)
-        ops = sglang_mlp_sync(layout) + embedding_ops(model, layout, tokens[d], dtype)
-        for layer in range(model.num_hidden_layers):
-            top_k = model.num_experts_per_tok if model.is_moe_layer(layer) else None
-            ops += sglang_dp_layer(f"layers.{layer}", layout, tokens, d, model.hidden_size,
-                                   dtype, mode, top_k, options.a2a)
-        rows = tuple(s.rows for s in steps)
-        return ops + [_dp_logits_transport(op, options) for op in sglang_dp_logits(
-            layout, rows, d, model.hidden_size, vocab, dtype, mode)]
+        return list(dp_attention_step(model, layout, tokens, d, mode,
+                                      tuple(s.rows for s in steps), dtype, options))
 
     return build_replicas(align_dp_runs(per_rank, SGLANG_IDLE_STEP), 1,
                           lambda steps: sglang_step_tokens(steps, graph)[0], ops_of)
+
+
+def dp_attention_step(model: ModelConfig, layout: Layout, tokens: tuple[int, ...], d: int,
+                      mode: str, rows: tuple[int, ...], dtype: str,
+                      options: EngineOptions) -> TiledOps:
+    """DP rank d's calls in a DP-attention step of every rank's `tokens` (padded) and
+    sampled `rows`: the MLPSyncBatchInfo all-gather, the embedding's attention-TP
+    all-reduce (`embedding.py`), every layer's DP gather and scatter, the logits."""
+    head = (*sglang_mlp_sync(layout), *embedding_ops(model, layout, tokens[d], dtype))
+    layers = sglang_dp_layers(model, layout, tokens, d, dtype, mode, options.a2a)
+    logits = tuple(_dp_logits_transport(op, options) for op in sglang_dp_logits(
+        layout, rows, d, model.hidden_size, padded_vocab(model.vocab_size), dtype, mode))
+    return TiledOps(((head, 0, 0), *layers.parts, (logits, 0, 0)))
 
 
 def dp_attention_budget(options: EngineOptions, layout: Layout) -> int:

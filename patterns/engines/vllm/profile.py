@@ -215,17 +215,19 @@ def _layer_runs(st: Stage) -> list[tuple[int, tuple[object, ...], int]]:
     moe, runs = st.model.is_moe_layer, []
     for layer in st.layers:
         kind = (moe(layer), mlp_module(st.model, layer), layer == st.layers[-1], layer == 0,
-                layer > 0 and moe(layer - 1))
+                layer > 0 and moe(layer - 1))[:5 if st.tp > 1 else 2]  # tp 1: no fusion, SP
         first, _, count = runs.pop() if runs and runs[-1][1] == kind else (layer, kind, 0)
         runs.append((first, kind, count + 1))
     return runs
 
 
 def forward(st: Stage, tokens: int, rows: int, vocab_multiple: int = 64,
-            untagged: bool = False) -> list[Op]:
+            untagged: bool = False, layers_at: list[tuple[int, int, int, int]] | None = None
+            ) -> list[Op]:
     """Model calls of one forward pass of T = `tokens` over R = `rows` requests. `untagged`,
     for pricing alone (plan reads no tag): one layer's calls stand for every layer of its
-    class (`_layer_runs`), the same objects, the first one's tags."""
+    class (`_layer_runs`), the same objects, the first one's tags; `layers_at` is then told
+    where each run of layers lies (`patterns.tiled.from_runs` makes their tags again)."""
     ops, shape = pp_receive(st, tokens)
     if st.tp > 1 and st.is_first:
         ops.append(_allreduce(st, tokens, "embed_tokens"))
@@ -234,6 +236,8 @@ def forward(st: Stage, tokens: int, rows: int, vocab_multiple: int = 64,
         for layer, kind, count in (_layer_runs(st) if untagged else ()):
             if kind not in built:
                 built[kind] = _layer_ops(st, layer, tokens)
+            if layers_at is not None:
+                layers_at.append((len(ops), layer, count, len(built[kind])))
             ops += built[kind] * count
         for layer in (() if untagged else st.layers):
             ops += _layer_ops(st, layer, tokens)
