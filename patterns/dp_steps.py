@@ -72,8 +72,12 @@ def dp_padded_tokens(tokens: Sequence[int],
     coordination tensor); when every rank runs a graph (the synced mode, the minimum, is not
     NONE) all pad to the largest, else each keeps its own (`_post_process_dp_padding`).
     """
-    sizes = [graph_size(t) for t in tokens]
-    if any(s is None for s in sizes):
+    return dp_padded(tokens, [graph_size(t) for t in tokens])
+
+
+def dp_padded(tokens: Sequence[int], sizes: Sequence[int | None]) -> tuple[int, ...]:
+    """`dp_padded_tokens` of the ranks' graph sizes found already."""
+    if None in sizes:
         return tuple(t if s is None else s for t, s in zip(tokens, sizes, strict=True))
     return (max(s for s in sizes if s is not None),) * len(tokens)
 

@@ -176,12 +176,14 @@ def dp_text(p: DPWorkloadPattern) -> tuple[str, dict[str, Any]]:
         lines.append(f"{where:>13} {wave:>9} {cells}")
     if len(rows) > MAX_TEXT_ROWS:
         lines.append(f"  ... {len(rows) - MAX_TEXT_ROWS} more runs (--format json lists all)")
-    lines += ["", f"{'':>9}{'requests':>10}{'own steps':>11}{'others':>8}{'tail':>7}"
-                  f"{'calls':>12}{'bytes':>12}"]
+    others = {DUMMY: "dummy", IDLE: "idle"}.get(p.filler, "none")
+    lines += ["", f"{'':<12}{'requests':>10}{'own steps':>11}{others:>8}{'tail':>7}"
+                  f"{'calls':>14}{'bytes sent':>14}"]
     for r in ranks:
-        lines.append(f"DP rank {r['dp_rank']:<2}{r['requests']:>9,}{r['own_steps']:>11,}"
-                     f"{r[f'{p.filler}_steps']:>8,}{r['wave_tail_steps']:>7,}"
-                     f"{r['calls']:>12,}{format_bytes(r['bytes']):>12}")
+        lines.append(f"{'DP rank ' + str(r['dp_rank']):<12}{r['requests']:>10,}"
+                     f"{r['own_steps']:>11,}{r[f'{p.filler}_steps']:>8,}"
+                     f"{r['wave_tail_steps']:>7,}{r['calls']:>14,}"
+                     f"{format_bytes(r['bytes']):>14}")
     lines += ["", "per request (its own DP rank; TTFT: its prefill-chunk steps summed; TPOT: "
               "per decode step)", f"  {'':<30}" + "".join(f"{'p' + str(q):>14}"
                                                           for q in PERCENTILES),

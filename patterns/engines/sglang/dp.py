@@ -22,6 +22,7 @@ tp/dp ranks; SGLang's TP group holds the same ranks as the `ep` group here):
 """
 
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 
 from patterns.dp_steps import RankStep
 from patterns.layout import Layout
@@ -153,14 +154,22 @@ def sglang_dp_layers(model: ModelConfig, layout: Layout, tokens: Sequence[int], 
     """Every layer's `sglang_dp_layer` calls of one step, one layer's calls a run of layers
     of a kind (dense or MoE: their calls differ by tag alone)."""
     parts: list[Part] = []
-    first = 0
-    for layer in range(1, model.num_hidden_layers + 1):
-        if (layer < model.num_hidden_layers
-                and model.is_moe_layer(layer) == model.is_moe_layer(first)):
-            continue
-        top_k = model.num_experts_per_tok if model.is_moe_layer(first) else None
+    for first, count, moe in _kind_runs(model):
+        top_k = model.num_experts_per_tok if moe else None
         ops = sglang_dp_layer(f"layers.{first}", layout, tokens, dp_rank, model.hidden_size,
                               dtype, mode, top_k, a2a)
-        parts.append((tuple(ops), first, layer - first))
-        first = layer
+        parts.append((tuple(ops), first, count))
     return TiledOps(parts)
+
+
+@lru_cache(maxsize=64)
+def _kind_runs(model: ModelConfig) -> tuple[tuple[int, int, bool], ...]:
+    """(first layer, layers, MoE) of each run of dense or MoE layers."""
+    runs: list[tuple[int, int, bool]] = []
+    for layer in range(model.num_hidden_layers):
+        moe = model.is_moe_layer(layer)
+        if runs and runs[-1][2] == moe:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1, moe)
+        else:
+            runs.append((layer, 1, moe))
+    return tuple(runs)

@@ -23,15 +23,17 @@ from functools import cache
 
 from patterns.dp_steps import SGLANG_IDLE_STEP, RankStep
 from patterns.engines.sglang import profile as sglang_profile
-from patterns.engines.sglang.embedding import check_dp_attention_embedding
+from patterns.engines.sglang.dp import sglang_dp_layers, sglang_mlp_sync
+from patterns.engines.sglang.embedding import check_dp_attention_embedding, embedding_ops
 from patterns.engines.sglang.scheduler import schedule_sglang
 from patterns.engines.sglang.workload import sglang_workload
 from patterns.errors import ConfigError
 from patterns.layout import Layout
 from patterns.models import ModelConfig
-from patterns.ops import Step
+from patterns.ops import Op, Step
 from patterns.pattern import EngineOptions
 from patterns.stage import pad_to
+from patterns.tiled import Part, TiledOps
 from patterns.workload.dp_pattern import IDLE, NONE, DPWorkloadPattern, build_dp_pattern
 from patterns.workload.dp_routing import round_robin, routing_for
 from patterns.workload.dp_timeline import GlobalSegment, lockstep
@@ -77,10 +79,24 @@ def sglang_dp_workload(model: ModelConfig, layout: Layout, requests: Sequence[Re
         return pad_to(sizes, tokens) if sizes and tokens <= sizes[-1] else None
 
     @cache
-    def step(tokens: tuple[int, ...], d: int, mode: str, rows: tuple[int, ...],
-             own_rows: int) -> Step:
-        ops = sglang_profile.dp_attention_step(model, layout, tokens, d, mode, rows, dtype,
-                                               options)
+    def head(own: int) -> tuple[Op, ...]:  # the MLP sync and the embedding of own tokens
+        return (*sglang_mlp_sync(layout), *embedding_ops(model, layout, own, dtype))
+
+    @cache
+    def layers(tokens: tuple[int, ...], d: int, mode: str) -> tuple[Part, ...]:
+        return sglang_dp_layers(model, layout, tokens, d, dtype, mode, options.a2a).parts
+
+    @cache
+    def logits(gathered: int, mode: str, n: int) -> tuple[Op, ...]:
+        # the logits gather follows the largest rows (MAX_LEN) or their sum (SUM_LEN)
+        rows = (gathered,) + (0,) * (n - 1) if mode == "sum_len" else (gathered,) * n
+        return sglang_profile.dp_attention_logits(model, layout, rows, 0, dtype, mode,
+                                                  options)
+
+    @cache
+    def step(tokens: tuple[int, ...], d: int, mode: str, gathered: int, own_rows: int) -> Step:
+        ops = TiledOps(((head(tokens[d]), 0, 0), *layers(tokens, d, mode),
+                        (logits(gathered, mode, len(tokens)), 0, 0)))
         return Step(ops, tokens[d], own_rows)
 
     def coupled_steps(g: GlobalSegment) -> list[tuple[StepGraph, Step]]:
@@ -91,9 +107,10 @@ def sglang_dp_workload(model: ModelConfig, layout: Layout, requests: Sequence[Re
                          RankStep(shape.phase, shape.tokens, logit_rows(shape)))
         tokens, mode = sglang_profile.sglang_step_tokens(steps, graph)
         rows = tuple(s.rows for s in steps)
+        gathered = sum(rows) if mode == "sum_len" else max(rows)
         eager = any(s.phase.value == "prefill" for s in steps) or graph(max(tokens)) is None
         return [(StepGraph(tokens[d], "eager" if eager else "full"),
-                 step(tokens, tokens.index(tokens[d]), mode, rows, rows[d]))
+                 step(tokens, tokens.index(tokens[d]), mode, gathered, rows[d]))
                 for d in range(len(steps))]
 
     return build_dp_pattern(base, rank_of, chosen, schedules, timeline, IDLE, coupled_steps)

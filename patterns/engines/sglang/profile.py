@@ -250,11 +250,17 @@ def dp_attention_step(model: ModelConfig, layout: Layout, tokens: tuple[int, ...
     """DP rank d's calls in a DP-attention step of every rank's `tokens` (padded) and
     sampled `rows`: the MLPSyncBatchInfo all-gather, the embedding's attention-TP
     all-reduce (`embedding.py`), every layer's DP gather and scatter, the logits."""
-    head = (*sglang_mlp_sync(layout), *embedding_ops(model, layout, tokens[d], dtype))
     layers = sglang_dp_layers(model, layout, tokens, d, dtype, mode, options.a2a)
-    logits = tuple(_dp_logits_transport(op, options) for op in sglang_dp_logits(
+    return TiledOps((((*sglang_mlp_sync(layout),
+                       *embedding_ops(model, layout, tokens[d], dtype)), 0, 0),
+                     *layers.parts, (dp_attention_logits(model, layout, rows, d, dtype, mode,
+                                                         options), 0, 0)))
+
+
+def dp_attention_logits(model: ModelConfig, layout: Layout, rows: tuple[int, ...], d: int,
+                        dtype: str, mode: str, options: EngineOptions) -> tuple[Op, ...]:
+    return tuple(_dp_logits_transport(op, options) for op in sglang_dp_logits(
         layout, rows, d, model.hidden_size, padded_vocab(model.vocab_size), dtype, mode))
-    return TiledOps(((head, 0, 0), *layers.parts, (logits, 0, 0)))
 
 
 def dp_attention_budget(options: EngineOptions, layout: Layout) -> int:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from functools import cache
 
-from patterns.dp_steps import dp_padded_tokens
+from patterns.dp_steps import dp_padded
 from patterns.engines.vllm import profile as vllm_profile
 from patterns.engines.vllm.dp_wave import WAVE_SYNC_STEPS, wave_lag, wave_sync
 from patterns.engines.vllm.moe import vllm_dp_coordination
@@ -106,8 +106,8 @@ def vllm_dp_workload(model: ModelConfig, layout: Layout, requests: Sequence[Requ
                 out.append((graph, own_step(graph.tokens, logit_rows(shape))))
             return out
         own = [1 if s is None else s.tokens for s in shapes]  # a dummy forward: 1 token
-        tokens = dp_padded_tokens(own, graph_size)
-        eager = any(graph_size(t) is None for t in own)
+        graphs = [graph_size(t) for t in own]
+        tokens, eager = dp_padded(own, graphs), None in graphs
         out = []
         for d, shape in enumerate(shapes):
             uniform = shape is None or shape.prefill_seqs == shape.padded_prompts

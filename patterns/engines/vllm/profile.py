@@ -208,14 +208,20 @@ def pp_receive(st: Stage, tokens: int,
     return recvs + gathers, shape
 
 
-@lru_cache(maxsize=64)
 def _layer_runs(st: Stage) -> list[tuple[int, tuple[object, ...], int]]:
     """Runs of layers of one class (first layer, class, layers): what `_layer_ops` reads of
-    a layer but its number (one class, the same calls but for their tags)."""
-    moe, runs = st.model.is_moe_layer, []
-    for layer in st.layers:
-        kind = (moe(layer), mlp_module(st.model, layer), layer == st.layers[-1], layer == 0,
-                layer > 0 and moe(layer - 1))[:5 if st.tp > 1 else 2]  # tp 1: no fusion, SP
+    a layer but its number (one class, the same calls but for their tags). Kept by what
+    they follow from (a DP rank's stage differs by its step's tokens alone)."""
+    return _runs_of(st.model, st.layers, st.tp > 1)
+
+
+@lru_cache(maxsize=64)
+def _runs_of(model: ModelConfig, layers: range, flags: bool
+             ) -> list[tuple[int, tuple[object, ...], int]]:
+    moe, runs = model.is_moe_layer, []
+    for layer in layers:
+        kind = (moe(layer), mlp_module(model, layer), layer == layers[-1], layer == 0,
+                layer > 0 and moe(layer - 1))[:5 if flags else 2]  # tp 1: no fusion, SP
         first, _, count = runs.pop() if runs and runs[-1][1] == kind else (layer, kind, 0)
         runs.append((first, kind, count + 1))
     return runs
