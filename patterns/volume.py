@@ -9,6 +9,7 @@ from fractions import Fraction
 
 from patterns.ops import Op, OpKind
 from patterns.pattern import Pattern
+from patterns.tiled import weighted_ops
 
 
 def op_volume(op: Op) -> Fraction:
@@ -56,8 +57,9 @@ def _walk(pattern: Pattern) -> Iterator[tuple[Op, Fraction]]:
     for replica in replicas:
         for runs in replica:
             for run in runs:
-                for op in run.step.ops:
-                    repeats[op] = repeats.get(op, 0) + run.repeat * times
+                # a tiled step's layers' copies, each counted with its layer's call
+                for op, n in weighted_ops(run.step.ops):
+                    repeats[op] = repeats.get(op, 0) + run.repeat * times * n
     ranks_in_stage = pattern.layout.tp
     for op, repeat in repeats.items():
         yield op, _calls_in_deployment(op, ranks_in_stage) * repeat

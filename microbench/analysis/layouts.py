@@ -171,6 +171,8 @@ def price(pattern: Pattern, shape: Shape, topology: Topology, budget: Budget,
     topology.reset()
     if is_lanes(pattern):  # --requests over DP replicas and PP
         return _price_lanes(pattern, shape, topology, budget, hardware)
+    if hasattr(pattern, "rank_steps"):  # --requests over MoE DP ranks: dp_workload.py
+        return _price_dp(pattern, shape, topology, budget, hardware)
     predicted, notes = predict_pattern(pattern, topology, token_order=True)
     if shape.dp > 1 and not shape.ep:
         notes = [*notes, "dp > 1 of a dense model is independent replicas: "
@@ -206,6 +208,25 @@ def _price_lanes(lanes: Any, shape: Shape, topology: Topology, budget: Budget,
                     tuple(notes), need.weights, need.kv_cache, need.activations,
                     hardware.memory_limit is None or need.total <= hardware.memory_limit,
                     *floors)
+    totals = priced.totals()
+    return replace(priced, meets_budget=budget.met(totals["ttft"], totals["tpot"]))
+
+
+def _price_dp(pattern: Any, shape: Shape, topology: Topology, budget: Budget,
+              hardware: Hardware) -> Priced:
+    """A MoE model's DP ranks over a workload: every global step its slowest rank's, an
+    idle rank's dummy forwards priced (analysis/dp_workload.py)."""
+    from microbench.analysis.dp_workload import price_dp_workload
+    comm, floors = price_dp_workload(pattern, topology, hardware.gpu)
+    need = memory_need(pattern, hardware)
+    notes = [*sorted(topology.notes),
+             f"--requests: requests routed {pattern.routing} to the DP ranks, which step "
+             "together: each step is its slowest rank's, dummy forwards and idle batches "
+             "included; prefill and decode step are p90s over every request"]
+    priced = Priced(shape, *comm, as_number(volume_bytes(pattern)["total"]), False,
+                    "inter" in topology.used, tuple(notes), need.weights, need.kv_cache,
+                    need.activations, hardware.memory_limit is None
+                    or need.total <= hardware.memory_limit, *floors)
     totals = priced.totals()
     return replace(priced, meets_budget=budget.met(totals["ttft"], totals["tpot"]))
 

@@ -148,6 +148,11 @@ def workload_lanes(args: argparse.Namespace, model: Any, engine_gpu: str) -> Any
     shared: dict[Any, Any] = {}  # steps priced once for every layout (workload_plan.Lanes)
 
     def make(layout: Any) -> Any:
+        if model.is_moe and layout.dp > 1:  # DP ranks that step together: one DP pattern
+            return workload_pattern(args.engine, model, layout, requests, args.dtype, options,
+                                    step_time_s, None, args.requests, args.mixed_chunk,
+                                    dp_routing=args.dp_routing)
+
         def lane(indices: list[int]) -> Any:
             key = (layout.tp, tuple(indices))
             if key not in made:
