@@ -134,20 +134,32 @@ def test_predict_prices_the_tail_apart(cli, tmp_path):
 
 
 def test_replay_times_the_tail_as_its_own_phase(tmp_path):
+    """A workload of two requests at 0 over the tiny MoE at DP2 (prompts of 100 tokens,
+    outputs of 3 and of 8: tests/test_dp_workload.py): 8 real steps, then the wave's tail
+    of 24 dummy forwards to the sync at step 32, replayed on 2 gloo ranks, each issuing its
+    own steps (rank 0 its dummy forwards at steps 3-7) and checked."""
     model = tmp_path / "moe.json"
     model.write_text(json.dumps(MOE_CONFIG))
-    proc, _ = infercomm("replay", "--model", str(model), "--prompt", "8", "--decode", "3",
+    requests = tmp_path / "w.jsonl"
+    requests.write_text('{"arrival_s": 0, "prompt": 100, "output": 3}\n'
+                        '{"arrival_s": 0, "prompt": 100, "output": 8}\n')
+    proc, _ = infercomm("replay", "--model", str(model), "--requests", str(requests),
                         "--dp", "2", "--ep", "--nproc", "2", "-n", "1", "-w", "0",
                         "--check", "--out", str(tmp_path / "out"), timeout=180)
     assert proc.returncode == 0, proc.stderr
     last = last_json(proc.stdout)
-    # a step: 1 + 2 x 4 = 9 calls; 3 steps + 29 dummy forwards + the sync: 32 x 9 + 1
+    # a step: 1 + 2 x 4 = 9 calls; 32 steps and the sync: 32 x 9 + 1
     assert (last["calls_per_inference"], last["wave_tail_steps"], last["wrong"]) == (
-        32 * 9 + 1, 29, 0)
+        32 * 9 + 1, 24, 0)
     assert last["wave_tail_us"] > 0 and "wave tail (DP lockstep)" in proc.stdout
-    with open(Path(last["results_dir"]) / "iterations.csv") as f:
+    w = last["workload"]
+    assert (w["dp"], w["steps"], w["wave_tail_steps"], w["dp_routing"]) == (
+        2, 32, 24, "least-loaded")
+    folder = Path(last["results_dir"])
+    with open(folder / "iterations.csv") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 1 and all(float(r["wave_tail_us"]) > 0 for r in rows)
-    summary = json.loads((Path(last["results_dir"]) / "summary.json").read_text())
-    assert (summary["prefill_steps"], summary["decode_steps"], summary["wave_tail_steps"]) == (
-        1, 2, 29)
+    assert len(rows) == 1 and float(rows[0]["wave_tail_us"]) > 0
+    with open(folder / "workload_requests.csv") as f:
+        requests_rows = list(csv.DictReader(f))
+    # each request on its own rank: 1 step of prefill, 2 and 7 decode steps
+    assert [(r["dp_rank"], r["ttft_steps"]) for r in requests_rows] == [("0", "1"), ("1", "1")]

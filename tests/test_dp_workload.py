@@ -222,3 +222,28 @@ def test_plan_prices_moe_dp_layouts_as_one_dp_workload(cli, tmp_path):
     assert (dp4["prefill_us"], dp4["decode_step_us"], dp4["e2e_us"]) == (810, 810, 6480)
     dp2 = rows[(2, 2, True)]  # 910 a step (tests/test_plan_ep.py), 8 steps
     assert (dp2["decode_step_us"], dp2["e2e_us"]) == (910, 7280)
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--dp-batches", "1,2"], "--dp-batches gives each DP rank one batch"),
+    (["--engine", "sglang", "--dp-routing", "least-loaded"],
+     "dp-routing least-loaded is vLLM's front end"),
+    (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 1}',
+      "--acceptance-length", "1.5"], "modelled at dp 1"),
+    (["--pp", "2"], "use --pp 1"),
+    (["--engine", "sglang", "--no-wave-tail"], "--no-wave-tail does not apply to engine sglang"),
+])
+def test_what_a_dp_workload_refuses(cli, tmp_path, extra, words):
+    status, out, err = cli("pattern", "--model", "qwen3-30b-a3b", "--dp", "2", "--ep",
+                           "--requests", _write(tmp_path, W), *extra)
+    assert status == 2 and words in err and len(err.strip().splitlines()) == 1, err
+    assert out == ""
+
+
+def test_dp_routing_needs_requests_and_dp(cli, tmp_path):
+    status, _, err = cli("pattern", "--model", "qwen3-30b-a3b", "--prompt", "8", "--decode",
+                         "2", "--dp", "2", "--ep", "--dp-routing", "round-robin")
+    assert status == 2 and "--dp-routing acts only with --requests" in err
+    status, _, err = cli("pattern", "--model", "qwen3-30b-a3b", "--requests",
+                         _write(tmp_path, W), "--dp-routing", "round-robin")
+    assert status == 2 and "give --dp N" in err
