@@ -111,6 +111,7 @@ KINDS: dict[str, tuple[str, dict]] = {
                                         shared_expert_intermediate_size=128)),
     "mixtral": ("MixtralConfig", dict(num_local_experts=8, num_experts_per_tok=2)),
     "gemma3": ("Gemma3TextConfig", {}),
+    "nemotron_h": ("NemotronHConfig", {}),  # its layers: the case's config (vllm_cpu_cases.py)
 }
 
 

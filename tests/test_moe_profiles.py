@@ -286,7 +286,8 @@ def test_sglang_dp_attention_deepseek_dp8():
 
 
 def test_engines_without_dp_rules_refuse_ep_and_sglang_dp_without_ep_is_replicas():
-    for engine in ("vllm-v0", "trtllm", "megatron"):
+    # megatron models --ep (tests/test_megatron_moe.py)
+    for engine in ("vllm-v0", "trtllm"):
         with pytest.raises(ConfigError, match=f"engine {engine} does not model --ep; use "
                                               "--engine sglang or vllm"):
             generate(engine, DEEPSEEK, Layout(dp=8, ep=True), Workload(16, 2))

@@ -141,6 +141,26 @@ class Pipeline:
     def snapshot(self) -> tuple[list[float], list[dict[str, float]]]:
         return list(self.clock), [dict(k) for k in self.kinds]
 
+    def queued(self) -> dict[tuple[int, int], list[float]]:
+        return {k: list(v) for k, v in self.arrivals.items() if v}
+
+    def moved(self, clock: list[float], queued: dict[tuple[int, int], list[float]],
+              ) -> float | None:
+        """The one amount every clock and every pending arrival moved by since `clock` and
+        `queued`, or None where they moved by different amounts."""
+        shift = self.clock[0] - clock[0]
+        if any(now - then != shift for now, then in zip(self.clock, clock, strict=True)):
+            return None
+        pending = {k: v for k, v in self.arrivals.items() if v}
+        if pending.keys() != queued.keys():
+            return None
+        for key, times in pending.items():
+            was = queued[key]
+            if len(times) != len(was) or any(a - b != shift for a, b in zip(times, was,
+                                                                              strict=True)):
+                return None
+        return shift
+
 
 def _runs_by_step(lists: list[tuple[Run, ...]]) -> list[tuple[Phase, int, list[list[Op]]]]:
     """Run lists aligned (one per DP rank and stage): (phase, repeat, ops of each) for each
@@ -182,11 +202,12 @@ def _units(pattern: Pattern, topology: Topology) -> list[list[int]]:
     layout = pattern.layout
     replicas = pattern.dp_stages or (pattern.stages,)
     rpn, size = topology.ranks_per_node, layout.tp * layout.pp
-    seen: dict[tuple[object, int], int] = {}
+    seen: dict[tuple[int, int], int] = {}
     # Equal replicas (no dp_stages) differ only by their node offset, which repeats every
-    # rpn DP ranks: that many stand for a million replicas.
+    # rpn DP ranks: that many stand for a million replicas. A replica is told by its object
+    # (hashing its runs hashed every call of every step, once a DP rank).
     for d in range(layout.dp if pattern.dp_stages else min(layout.dp, max(rpn or 0, 1))):
-        seen.setdefault((replicas[d % len(replicas)], d * size % rpn if rpn else 0), d)
+        seen.setdefault((id(replicas[d % len(replicas)]), d * size % rpn if rpn else 0), d)
     distinct = {id(r): r for r in replicas}.values()  # equal replicas are often one object
     if layout.dp > 1 and any(op.group in DP_GROUPS for replica in distinct
                              for runs in replica for run in runs for op in run.step.ops):
@@ -212,13 +233,23 @@ def _simulate_unit(pattern: Pattern, costs: Costs, dp_ranks: list[int], token_or
                       for v, stage_ops in enumerate(ops)]
         simulated = min(repeat, settle)
         before = pipe.snapshot()
+        done, shift = 0, None
         for _ in range(simulated):
             before = pipe.snapshot()
+            queued = pipe.queued()
             if token_order and phase == Phase.DECODE:
                 for first in range(0, len(pipe.clock), pp):
                     pipe.clock[first] = max(pipe.clock[first], pipe.clock[first + pp - 1])
             pipe.step(step_costs)
-        left = repeat - simulated
+            done += 1
+            # Steady once a step moved every clock and every pending arrival by one amount
+            # the step before moved them by: each later step repeats it exactly (a deep
+            # pipeline's decode chain settles in two steps, not pp + 4).
+            moved = pipe.moved(before[0], queued)
+            if moved is not None and moved == shift:
+                break
+            shift = moved
+        left = repeat - done
         if left:  # steady state: every stage advances as much each step as in the last
             clock, kinds = pipe.snapshot()
             for s in range(len(clock)):
@@ -324,4 +355,35 @@ def caveats(sweep_meta: dict[str, Any], pattern: Pattern,
         out.append(f"the sweep ran on {world} ranks and the pattern has "
                    f"{pattern.layout.world_size}: contention between its groups is not "
                    "in the fits")
+    return out
+
+
+# Calls that reduce: their cost per byte depends on the element type (an MPI library sums
+# fp32 with its built-in op and bf16 with a user-defined one; NCCL's kernels differ too).
+REDUCING = frozenset({OpKind.ALLREDUCE, OpKind.REDUCESCATTER})
+
+
+def dtype_caveats(sweep_rows: list[dict[str, Any]], pattern: Pattern) -> list[str]:
+    """A reduction of the pattern in a dtype the sweep never measured for that op: its fit,
+    made of other dtypes' times, prices another reduction than the one the pattern issues.
+    Calls that only move bytes (gathers, sends) cost the same whatever their dtype."""
+    swept: dict[str, set[str]] = {}
+    for row in sweep_rows:
+        swept.setdefault(str(row.get("op")), set()).add(str(row.get("dtype")))
+    used: dict[str, set[str]] = {}
+    for replica in pattern.replicas():
+        for runs in replica:
+            for run in runs:
+                for op in run.step.ops:
+                    if op.kind in REDUCING:
+                        used.setdefault(op.kind.value, set()).add(op.dtype)
+    out = []
+    for kind, dtypes in sorted(used.items()):
+        have = swept.get(kind)
+        missing = sorted(dtypes - have) if have else []
+        if missing:
+            out.append(f"the pattern's {kind} calls are {', '.join(missing)} and the sweep "
+                       f"measured {kind} in {', '.join(sorted(have))} only: a reduction's "
+                       "time depends on its dtype, so these calls are priced from another "
+                       f"dtype's times (sweep with --dtype {missing[0]})")
     return out

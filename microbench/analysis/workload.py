@@ -108,7 +108,9 @@ def prefill_budget(pattern: Pattern) -> int | None:
     the first prefill step's T of a replica that prefills in several steps (its first chunk
     is a whole budget: vLLM captures the budget itself as a graph size, so T is not padded);
     None where every replica prefills in one step."""
-    for stages in pattern.replicas():
+    # each distinct replica once: a dense model's dp replicas are one object repeated, and
+    # walking them all made a plan's cost grow with the GPUs
+    for stages in {id(r): r for r in pattern.replicas()}.values():
         prefill = [run for run in stages[0] if run.phase == Phase.PREFILL]
         if sum(run.repeat for run in prefill) > 1:
             return prefill[0].step.tokens

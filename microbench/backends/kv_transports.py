@@ -343,7 +343,15 @@ class Nixl:
 
     def close(self) -> None:
         self.clear()
+        for name in self.remotes.values():  # while the peers' agents still exist
+            self.agent.remove_remote_agent(name)
+        self.remotes = {}
         self.agent.deregister_memory(self.registered)
+
+
+# Transports whose libraries may crash in their ELF destructors at process exit (see
+# ranks/teardown.exit_past_library_destructors): their ranks end without running them.
+ENDS_PAST_DESTRUCTORS = frozenset({"nixl"})
 
 
 def open_transport(name: str, rank: int, comm: Any | None, nixl_thread: bool = False) -> Any:

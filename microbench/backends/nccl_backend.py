@@ -41,9 +41,12 @@ from microbench.ranks.dist import DistEnv, resolve_master_addr
 CUPY_MISSING = "the nccl backend needs CuPy: pip install 'infercomm[cuda]'"
 
 STORAGE = {"bf16": np.uint16, "fp16": np.float16, "fp32": np.float32, "int64": np.int64,
-           "int32": np.int32, "uint8": np.uint8}
+           "int32": np.int32, "uint8": np.uint8, "bool": np.bool_}
+# NCCL has no bool: torch's ProcessGroupNCCL sends at::kBool as ncclUint8 (its ncclDataType
+# map), and so does this backend
 _NCCL_TYPE_NAMES = {"bf16": "NCCL_BFLOAT16", "fp16": "NCCL_FLOAT16", "fp32": "NCCL_FLOAT32",
-                    "int64": "NCCL_INT64", "int32": "NCCL_INT32", "uint8": "NCCL_UINT8"}
+                    "int64": "NCCL_INT64", "int32": "NCCL_INT32", "uint8": "NCCL_UINT8",
+                    "bool": "NCCL_UINT8"}
 _NCCL_BFLOAT16 = 9  # ncclBfloat16 in nccl.h (NCCL >= 2.10), for CuPy versions without the name
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from microbench.analysis.fits import LARGE_RMS, Fit, Topology, topology_from, unstable_sizes
-from microbench.analysis.predict import caveats, predict_pattern
+from microbench.analysis.predict import caveats, dtype_caveats, predict_pattern
 from microbench.argtypes import UsageError, positive_int
 from microbench.options.pattern_args import add_pattern_arguments, pattern_from_args
 from microbench.results.runs import (
@@ -135,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
     workload = predict_workload(pattern, topology)  # --requests: per-request figures
     measured_w = measured_workload(replay.path) if replay is not None and workload else None
     warnings = caveats(sweep.meta, pattern, replay.meta if replay is not None else None)
+    warnings += dtype_caveats(sweep_table(sweep), pattern)
     warnings += unstable_sizes(sweep_table(sweep))  # analysis/fits.py: UNSTABLE_FACTOR
     for w in warnings:
         sys.stderr.write(f"infercomm predict: warning: {w}\n")

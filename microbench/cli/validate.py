@@ -6,6 +6,7 @@ import json
 from microbench.options.pattern_args import add_pattern_arguments, pattern_from_args
 from microbench.views.textfmt import render_table
 from patterns import Pattern
+from patterns.rank_order import LAYOUT_ORDER, MEGATRON_DEFAULT_ORDER, RANK_ORDERS
 from patterns.traces import read_traces
 from patterns.traces.validate import validate
 
@@ -23,6 +24,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="NCCL/RCCL log or Kineto JSON files; at --dp N, give --trace once "
                              "a DP rank when each DP engine numbers its own ranks from 0 "
                              "(vLLM's dense DP engines, independent): DP rank 0's files first")
+    parser.add_argument("--rank-order", choices=RANK_ORDERS, default=LAYOUT_ORDER,
+                        help=f"how the job numbered its ranks, fastest-varying first: "
+                             f"{LAYOUT_ORDER} (default: infercomm's layout, vLLM, SGLang) or "
+                             f"{MEGATRON_DEFAULT_ORDER} (Megatron-Core's default order, "
+                             "tp-cp-ep-dp-pp: PP outermost); they differ only where dp and pp "
+                             "are both above 1")
     add_pattern_arguments(parser)
     parser.set_defaults(run=run)
 
@@ -30,7 +37,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     pattern = pattern_from_args(args)  # bad options end here, before reading big files
     trace = read_traces(*_per_dp_rank(args.trace, pattern))
-    result = validate(trace, pattern)
+    result = validate(trace, pattern, args.rank_order)
     rows = [[str(r.rank), r.phase, r.op, f"{r.numel:,}", r.dtype,
              "?" if r.group_size is None else str(r.group_size), f"{r.trace_calls:,}",
              f"{r.pattern_calls:,}", r.status] for r in result.rows]
@@ -44,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     if any(t for t, _ in counts):
         print("steps (a step ends at the logits gather): " + "; ".join(
             f"the trace {t} from the inference's start, the pattern {p}" for t, p in counts))
-    notes = [*result.notes, *_hints(pattern, result.first_difference)]
+    notes = [*result.notes, *_hints(pattern, result.first_difference),
+             *_rank_order_hint(pattern, result.first_difference, args.rank_order)]
     for note in notes:
         print(f"note: {note}")
     statuses = [r.status for r in result.rows]
@@ -83,3 +91,15 @@ def _hints(pattern: Pattern, first_difference: str | None) -> list[str]:
                      "version: try --moe-backend (on B200 a vLLM before May 2026 pads it: "
                      "flashinfer-trtllm-padded; docs/real-engine.md)")
     return hints
+
+
+def _rank_order_hint(pattern: Pattern, first_difference: str | None, order: str) -> list[str]:
+    """A Megatron job with dp and pp above 1 numbers its ranks PP-outermost by default."""
+    layout = pattern.layout
+    if first_difference is None or pattern.engine != "megatron" or layout.dp == 1 \
+            or layout.pp == 1 or order != LAYOUT_ORDER:
+        return []
+    return [f"Megatron-Core numbers ranks {MEGATRON_DEFAULT_ORDER} by default (its order "
+            f"tp-cp-ep-dp-pp: PP outermost), infercomm's layout {LAYOUT_ORDER}; with dp "
+            f"{layout.dp} and pp {layout.pp} they differ: unless the job ran with "
+            f"--use-tp-pp-dp-mapping, pass --rank-order {MEGATRON_DEFAULT_ORDER}"]

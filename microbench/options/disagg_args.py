@@ -77,6 +77,7 @@ def engine_options(args: argparse.Namespace) -> EngineOptions:
                          control_plane=args.control_plane, gpu=args.gpu,
                          nccl_only=args.nccl_only, model_runner=args.model_runner,
                          max_num_seqs=args.max_num_seqs, sp=args.sp,
+                         return_log_probs=getattr(args, "return_log_probs", False),
                          async_scheduling=getattr(args, "async_scheduling", None),
                          disable_overlap_schedule=getattr(args, "disable_overlap_schedule",
                                                           False))

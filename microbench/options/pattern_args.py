@@ -98,8 +98,13 @@ def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True
                        help="sglang: the overlap scheduler off, SGLang's flag (on by default: "
                             "a finished request rides one more decode batch)")
     group.add_argument("--sp", action="store_true",
-                       help="megatron: sequence parallelism (each all-reduce becomes a "
-                            "reduce-scatter and an all-gather)")
+                       help="megatron: sequence parallelism; its static engine refuses it for "
+                            "dense models and runs it for MoE only switched off outside the "
+                            "MoE layers: refused here (not modelled)")
+    group.add_argument("--return-log-probs", action="store_true",
+                       help="megatron: the requests ask for log-probs (return_log_probs): the "
+                            "prefill gathers and broadcasts the logits of every prompt "
+                            "position, not only the last")
     from microbench.options.disagg_args import add_disagg_arguments
     add_disagg_arguments(group)
     from microbench.options.workload_args import add_workload_arguments
@@ -155,7 +160,9 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
     return EngineOptions(eager=args.eager, max_batched_tokens=args.max_batched_tokens,
                          control_plane=args.control_plane, gpu=args.gpu,
                          nccl_only=args.nccl_only, model_runner=args.model_runner,
-                         max_num_seqs=args.max_num_seqs, sp=args.sp, a2a=args.a2a,
+                         max_num_seqs=args.max_num_seqs, sp=args.sp,
+                         return_log_probs=getattr(args, "return_log_probs", False),
+                         a2a=args.a2a,
                          moe_backend=args.moe_backend,
                          async_scheduling=getattr(args, "async_scheduling", None),
                          disable_overlap_schedule=getattr(args, "disable_overlap_schedule",

@@ -17,7 +17,12 @@ from typing import Any
 import numpy as np
 
 from microbench.argtypes import UsageError
-from microbench.backends.kv_transports import PairDescs, Role, open_transport
+from microbench.backends.kv_transports import (
+    ENDS_PAST_DESTRUCTORS,
+    PairDescs,
+    Role,
+    open_transport,
+)
 from microbench.options.disagg_args import choose_kv_transport
 from patterns.disagg import DisaggPattern
 
@@ -218,4 +223,8 @@ def run_disagg(args: argparse.Namespace) -> int:
     check_out_for_rank(args.out, env.rank)
     check_sizes(d, ranks_on_this_host(), available_host_bytes())
     args.launcher = env.launcher
-    return run_rank_transfer(d, env, args)
+    status = run_rank_transfer(d, env, args)
+    if args.kv_transport in ENDS_PAST_DESTRUCTORS:
+        from microbench.ranks.teardown import exit_past_library_destructors
+        exit_past_library_destructors(status)
+    return status

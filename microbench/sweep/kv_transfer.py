@@ -21,7 +21,12 @@ from typing import Any
 import numpy as np
 
 from microbench.argtypes import UsageError
-from microbench.backends.kv_transports import PairDescs, Role, open_transport
+from microbench.backends.kv_transports import (
+    ENDS_PAST_DESTRUCTORS,
+    PairDescs,
+    Role,
+    open_transport,
+)
 from microbench.options.disagg_args import DEFAULT_DESCRIPTORS, choose_kv_transport
 from patterns.disagg import Pair
 
@@ -83,7 +88,11 @@ def run_kv_sweep(args: argparse.Namespace) -> int:
                          f"{env.world_size}")
     check_out_for_rank(args.out, env.rank)
     args.launcher = env.launcher
-    return _rank(sizes, count, env, args)
+    status = _rank(sizes, count, env, args)
+    if args.kv_transport in ENDS_PAST_DESTRUCTORS:
+        from microbench.ranks.teardown import exit_past_library_destructors
+        exit_past_library_destructors(status)
+    return status
 
 
 def case_role(rank: int, size: int, count: int, direction: str) -> Role:

@@ -8,6 +8,7 @@ from patterns.engines.sglang.workload import sglang_workload
 from patterns.engines.vllm.rules import v1_defaults
 from patterns.engines.vllm.workload import vllm_workload
 from patterns.errors import ConfigError
+from patterns.hybrid import check_hybrid_use
 from patterns.layout import Layout
 from patterns.models import ModelConfig
 from patterns.pattern import EngineOptions
@@ -68,6 +69,7 @@ def workload_pattern(engine: str, model: ModelConfig, layout: Layout,
         check_spec_model(spec, model, engine)
     check_workload_layout(engine, layout, flag)
     layout.check_model(model)
+    check_hybrid_use(model.name, model.hybrid, engine)
     check_positions(model, requests)
     check_step_count(engine, requests, options)
     if progress is not None:

@@ -85,13 +85,13 @@ def _own_steps(workload: Workload, dp_rank: int, budget: int) -> list[tuple[Rank
 
 def dp_replicas(model: ModelConfig, layout: Layout, workload: Workload,
                 options: EngineOptions, runner: str, async_on: bool,
-                step_calls: Callable[[Stage, int, int], list[Op]]
+                step_calls: Callable[[Stage, int, RankStep], list[Op]]
                 ) -> tuple[tuple[tuple[Run, ...], ...], ...]:
     """A MoE model at dp > 1 (one batch a DP rank): every DP rank's runs, the ranks stepping
     together (`patterns.dp_steps`): the per-step coordination all-reduce on the DP gloo
     group (NCCL under V1 with --no-async-scheduling: `vllm_dp_coordination`), DP padding,
-    dummy steps on a rank that has finished, the calls `step_calls(stage, T, rows)` of
-    each forward (the profile's), then the wave's tail and its syncs (module doc)."""
+    dummy steps on a rank that has finished, the calls `step_calls(stage, T, its own step)`
+    of each forward (the profile's), then the wave's tail and its syncs (module doc)."""
     default_seqs, default_budget = v1_defaults(options.gpu)
     max_seqs = options.max_num_seqs or default_seqs
     budget = options.max_batched_tokens or default_budget
@@ -111,7 +111,7 @@ def dp_replicas(model: ModelConfig, layout: Layout, workload: Workload,
                tokens: tuple[int, ...]) -> list[Op]:
         st = replace(sts[stage], dp_rank=d, dp_tokens=tokens)
         ops = vllm_dp_coordination(layout, runner, async_on) + step_calls(
-            st, tokens[d], steps[d].rows)
+            st, tokens[d], steps[d])
         # A dummy step samples nothing: no logits call.
         return [op for op in ops if not (op.tag == "logits" and steps[d].rows == 0)]
 
