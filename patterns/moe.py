@@ -10,6 +10,7 @@ fp8 dispatch, and what is not modelled: `patterns/engines/vllm/moe.py`'s docstri
 """
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 from patterns.deepep import DEEPEP_MODES
 from patterns.layout import Layout
@@ -96,6 +97,12 @@ def _megatron_note(model: ModelConfig, layout: Layout) -> str:
 
 def uneven_counts(rows: Sequence[int], width: int) -> tuple[int, ...] | None:
     """`Op.counts` for parts of `rows` rows of `width` elements: None when equal."""
+    return _counts(tuple(rows), width)
+
+
+@lru_cache(maxsize=4096)
+def _counts(rows: tuple[int, ...], width: int) -> tuple[int, ...] | None:
+    # a DP workload asks for the same rows' counts once a layer kind and call of each step
     return None if len(set(rows)) == 1 else tuple(r * width for r in rows)
 
 

@@ -53,6 +53,10 @@ class EngineOptions:
     prefix_caching: bool | None = None
     # vLLM's --block-size (tokens a KV block) for prefix caching; None: vLLM's for the model.
     kv_block_size: int | None = None
+    # vLLM's MoE DP ranks: the wave's tail after the last real step, dummy forwards to the
+    # 32-step sync (patterns/engines/vllm/dp_wave.py); False leaves it out (--no-wave-tail:
+    # the inference alone, as under traffic that keeps the wave running).
+    wave_tail: bool = True
 
     def __post_init__(self) -> None:
         if self.gpu not in GPUS:

@@ -9,6 +9,7 @@ from fractions import Fraction
 
 from patterns.ops import Op, OpKind
 from patterns.pattern import Pattern
+from patterns.tiled import weighted_ops
 
 
 def op_volume(op: Op) -> Fraction:
@@ -60,12 +61,13 @@ def _walk(pattern: Pattern) -> Iterator[tuple[Op, Fraction]]:
         for runs in replica:
             for run in runs:
                 count = run.repeat * times
-                for op in run.step.ops:
+                # a tiled step's layers' copies, each counted with its layer's call
+                for op, n in weighted_ops(run.step.ops):
                     seen = by_object.get(id(op))
                     if seen is None:
-                        by_object[id(op)] = [op, count]
+                        by_object[id(op)] = [op, count * n]
                     else:
-                        seen[1] += count
+                        seen[1] += count * n
     repeats: dict[tuple, list] = {}
     for op, count in by_object.values():
         key = (op.kind, op.group, op.group_size, op.bytes, op.out_bytes)

@@ -176,3 +176,13 @@ PROBES: dict[str, Case] = {
 # 2 blocks of 128; decode TP2 reads half the KV heads from the one prefill rank.
 NIXL_CASES: dict[str, tuple[int, int, int, int]] = {"nixl-tp1-tp2": (1, 2, 200, 3),
                                                     "nixl-tp2-tp1": (2, 1, 200, 3)}
+
+
+# Data-parallel serving (scripts/vllm_cpu_dp.py, `vllm serve --data-parallel-size`): what the
+# CPU build runs is a dense model's DP ranks, independent engines. Two prompts in one
+# request, one to each engine (least-loaded); max_num_batched_tokens 16 chunks the first.
+DP_CASES: dict[str, dict] = {
+    "dense-dp2-tp2": {"dp": 2, "tp": 2, "workload": "one-each",
+                      "requests": ((40, 3), (6, 3)),
+                      "limits": {"max_num_batched_tokens": 16, "max_num_seqs": 2}},
+}

@@ -203,6 +203,8 @@ def price(pattern: Pattern, shape: Shape, topology: Topology, budget: Budget,
     topology.reset()
     if is_lanes(pattern):  # --requests over DP replicas and PP
         return _price_lanes(pattern, shape, topology, budget, hardware)
+    if hasattr(pattern, "rank_steps"):  # --requests over MoE DP ranks: dp_workload.py
+        return _price_dp(pattern, shape, topology, budget, hardware)
     predicted, notes = predict_pattern(pattern, topology, token_order=True)
     if shape.dp > 1 and not shape.ep:
         notes = [*notes, "dp > 1 of a dense model is independent replicas: "
@@ -236,6 +238,26 @@ def _price_lanes(lanes: Any, shape: Shape, topology: Topology, budget: Budget,
              "are p90s over every request, end to end the longest batch's steps"]
     priced = Priced(shape, *comm, lanes_volume(lanes), False, "inter" in topology.used,
                     tuple(notes), *_memory_fields(need, hardware), *floors)
+    totals = priced.totals()
+    return replace(priced, meets_budget=budget.met(totals["ttft"], totals["tpot"]))
+
+
+def _price_dp(pattern: Any, shape: Shape, topology: Topology, budget: Budget,
+              hardware: Hardware) -> Priced:
+    """A MoE model's DP ranks over a workload: every global step its slowest rank's, an
+    idle rank's dummy forwards priced (analysis/dp_workload.py)."""
+    from microbench.analysis.dp_workload import dp_kv_tokens, price_dp_workload
+    comm, floors = price_dp_workload(pattern, topology, hardware.gpu)
+    model = pattern.model
+    need = memory_of(model, pattern.layout, pattern.workload.dtype or model.default_dtype,
+                     dp_kv_tokens(pattern), hardware)
+    notes = [*sorted(topology.notes),
+             f"--requests: requests routed {pattern.routing} to the DP ranks, which step "
+             "together: each step is its slowest rank's, dummy forwards and idle batches "
+             "included; prefill and decode step are p90s over every request"]
+    priced = Priced(shape, *comm, as_number(volume_bytes(pattern)["total"]), False,
+                    "inter" in topology.used, tuple(notes), *_memory_fields(need, hardware),
+                    *floors)
     totals = priced.totals()
     return replace(priced, meets_budget=budget.met(totals["ttft"], totals["tpot"]))
 

@@ -216,15 +216,19 @@ def _units(pattern: Pattern, topology: Topology) -> list[list[int]]:
 
 
 def _simulate_unit(pattern: Pattern, costs: Costs, dp_ranks: list[int], token_order: bool,
-                   ) -> tuple[list[float], list[float], list[dict[str, float]]]:
+                   ) -> tuple[list[float], list[float], list[float], list[dict[str, float]]]:
     pp = pattern.layout.pp
     lists = [pattern.runs(s, d) for d in dp_ranks for s in range(pp)]
     pipe = Pipeline(len(dp_ranks), pp)
     prefill_end: list[float] | None = None
+    real_end: list[float] | None = None  # where vLLM's DP wave tail begins
+    real_kinds: list[dict[str, float]] | None = None
     settle = pp + TRANSIENT_STEPS
     for phase, repeat, ops in _runs_by_step(lists):
-        if phase == Phase.DECODE and prefill_end is None:
+        if phase != Phase.PREFILL and prefill_end is None:
             prefill_end = list(pipe.clock)
+        if phase == Phase.WAVE_TAIL and real_end is None:
+            real_end, real_kinds = pipe.snapshot()
         step_costs = [[costs.of(dp_ranks[v // pp], v % pp, op) for op in stage_ops]
                       for v, stage_ops in enumerate(ops)]
         simulated = min(repeat, settle)
@@ -254,42 +258,51 @@ def _simulate_unit(pattern: Pattern, costs: Costs, dp_ranks: list[int], token_or
                     pipe.kinds[s][k] = v + left * (v - before[1][s].get(k, 0.0))
     if prefill_end is None:
         prefill_end = list(pipe.clock)
-    return prefill_end, list(pipe.clock), pipe.kinds
+    # per-kind times are the inference's own steps', without the wave's tail
+    return prefill_end, real_end or list(pipe.clock), list(pipe.clock), real_kinds or pipe.kinds
 
 
 def simulate(pattern: Pattern, topology: Topology, token_order: bool = False,
-             ) -> tuple[list[float], list[float], list[dict[str, float]]]:
-    """(each simulated stage's clock at the end of the prefill, at the end, per-kind time),
-    over every distinct DP rank's stages.
+             ) -> tuple[list[float], list[float], list[float], list[dict[str, float]]]:
+    """(each simulated stage's clock at the end of the prefill, at the end of the
+    inference's own steps (the start of vLLM's DP wave tail, Phase.WAVE_TAIL, or the end),
+    at the end, per-kind time of the inference's own steps), over every distinct DP rank's
+    stages.
 
     token_order: the engine's order, where a decode step begins on the first stage only once
     the last stage has sampled the previous step's token (the transfer of that token is not
     in the pattern and costs nothing here); without it, the replay's order."""
     costs = Costs(pattern, topology)
     prefill_end: list[float] = []
+    real_end: list[float] = []
     end: list[float] = []
     kinds: list[dict[str, float]] = []
     for unit in _units(pattern, topology):
-        p, e, k = _simulate_unit(pattern, costs, unit, token_order)
+        p, r, e, k = _simulate_unit(pattern, costs, unit, token_order)
         prefill_end += p
+        real_end += r
         end += e
         kinds += k
-    return prefill_end, end, kinds
+    return prefill_end, real_end, end, kinds
 
 
 def predict_pattern(pattern: Pattern, fits: FitTable | Topology, token_order: bool = False,
                     ) -> tuple[dict[str, float], list[str]]:
     """Predicted prefill, decode step, end to end and per op kind, each the slowest stage's
-    of the slowest DP rank, as replay reports the slowest rank's, and notes on
+    of the slowest DP rank, as replay reports the slowest rank's (where vLLM's DP ranks
+    run a wave's tail after the inference, `wave_tail_us` apart), and notes on
     extrapolation, bad fits and calls priced by proxy.
     token_order: decode steps in the engine's order (`simulate`), not the replay's."""
     topology = fits if isinstance(fits, Topology) else Topology(fits)
     steps = pattern.workload.decode_steps
-    prefill_end, end, kinds = simulate(pattern, topology, token_order)
+    prefill_end, real_end, end, kinds = simulate(pattern, topology, token_order)
     out: dict[str, float] = {
         "prefill_us": max(prefill_end),
-        "decode_us": max(e - p for e, p in zip(end, prefill_end, strict=True)),
-        "e2e_us": max(end)}
+        "decode_us": max(e - p for e, p in zip(real_end, prefill_end, strict=True)),
+        "e2e_us": max(real_end)}  # the inference's end, as its requests see it
+    if any(run.phase == Phase.WAVE_TAIL for run in pattern.stages[0]):
+        # vLLM's DP wave: the lockstep's dummy forwards after the inference, apart
+        out["wave_tail_us"] = max(e - r for e, r in zip(end, real_end, strict=True))
     for k in sorted({k for stage in kinds for k in stage}):
         out[f"{k}_us"] = max(stage.get(k, 0.0) for stage in kinds)
     out["decode_step_us"] = out["decode_us"] / steps if steps else 0.0
@@ -312,7 +325,8 @@ def predict_pattern(pattern: Pattern, fits: FitTable | Topology, token_order: bo
         if fit.rms_rel_error > LARGE_RMS:
             notes.add(f"the {fit.op} fit over {fit.group_size} ranks is off by "
                       f"{100 * fit.rms_rel_error:.0f}% on average: its prediction is rough")
-    headline = ("prefill_us", "decode_step_us", "e2e_us")
+    headline = ("prefill_us", "decode_step_us", "e2e_us", *(
+        ("wave_tail_us",) if "wave_tail_us" in out else ()))
     ordered = [*headline, *sorted(k for k in out if k not in (*headline, "decode_us"))]
     if not steps:
         ordered.remove("decode_step_us")

@@ -83,11 +83,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F",
                        help="the share of --gpu-memory the engine may use (vLLM's "
                             "--gpu-memory-utilization, default 0.9)")
-    group.add_argument("--dp-routing", choices=("round-robin", "least-loaded"),
-                       default=None,
-                       help="with --requests: how requests reach the DP replicas: "
-                            "round-robin (default; vLLM's DP load balancer under even load) "
-                            "or least-loaded (the replica with the fewest unfinished)")
     group.add_argument("--format", choices=("table", "json", "csv"), default="table",
                        help="table (default), json (one document) or csv")
     from microbench.analysis.kv_plan import add_plan_arguments
@@ -202,6 +197,11 @@ def workload_lanes(args: argparse.Namespace, model: Any, engine_gpu: str) -> Any
     shared: dict[Any, Any] = {}  # steps priced once for every layout (workload_plan.Lanes)
 
     def make(layout: Any) -> Any:
+        if model.is_moe and layout.dp > 1:  # DP ranks that step together: one DP pattern
+            return workload_pattern(args.engine, model, layout, requests, args.dtype, options,
+                                    step_time_s, None, args.requests, args.mixed_chunk,
+                                    dp_routing=args.dp_routing)
+
         def lane(indices: list[int]) -> Any:
             key = (layout.tp, tuple(indices))
             if key not in made:

@@ -128,7 +128,11 @@ def run(args: argparse.Namespace) -> int:
                              args.ranks_per_node)
     from microbench.analysis.algo_costs import with_algorithm
     topology = with_algorithm(topology, args.allreduce_algo)
-    predicted, notes = predict_pattern(pattern, topology)
+    if hasattr(pattern, "rank_steps"):  # --requests over DP ranks: analysis/dp_workload.py
+        from microbench.analysis.dp_workload import dp_predicted
+        predicted, notes = dp_predicted(pattern, topology)  # type: ignore[arg-type]
+    else:
+        predicted, notes = predict_pattern(pattern, topology)
     from microbench.analysis.workload import measured_workload, predict_workload, workload_lines
     workload = predict_workload(pattern, topology)  # --requests: per-request figures
     measured_w = measured_workload(replay.path) if replay is not None and workload else None

@@ -255,7 +255,7 @@ def run_rank(pattern: Pattern, env: dist.DistEnv, args: argparse.Namespace) -> i
         samples = RankSamples(backend.rank, plan.stage, socket.gethostname(), args.timing,
                               marks, replayer.prefill_mark, replayer.step_marks, wrong,
                               np.array(replayer.kind_times) if op_level else None,
-                              replayer.kind_calls if op_level else None)
+                              replayer.kind_calls if op_level else None, replayer.tail_mark)
         gathered = backend.allgather_object(samples)
         ops_csv, ops_error = (_gather_ops(pattern, replayer, backend, args.iters)
                               if op_level else (None, None))

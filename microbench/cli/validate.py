@@ -20,8 +20,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "where they part. Exit 0 when they match, 1 when they differ, 2 on bad "
                     "input. An eager engine with custom all-reduce off (NCCL only) is the "
                     "setting that can match exactly.")
-    parser.add_argument("--trace", nargs="+", required=True, metavar="FILE",
-                        help="NCCL/RCCL log or Kineto JSON files")
+    parser.add_argument("--trace", nargs="+", required=True, metavar="FILE", action="append",
+                        help="NCCL/RCCL log or Kineto JSON files; at --dp N, give --trace once "
+                             "a DP rank when each DP engine numbers its own ranks from 0 "
+                             "(vLLM's dense DP engines, independent): DP rank 0's files first")
     parser.add_argument("--rank-order", choices=RANK_ORDERS, default=LAYOUT_ORDER,
                         help=f"how the job numbered its ranks, fastest-varying first: "
                              f"{LAYOUT_ORDER} (default: infercomm's layout, vLLM, SGLang) or "
@@ -34,7 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     pattern = pattern_from_args(args)  # bad options end here, before reading big files
-    trace = read_traces(args.trace)
+    trace = read_traces(*_per_dp_rank(args.trace, pattern))
     result = validate(trace, pattern, args.rank_order)
     rows = [[str(r.rank), r.phase, r.op, f"{r.numel:,}", r.dtype,
              "?" if r.group_size is None else str(r.group_size), f"{r.trace_calls:,}",
@@ -61,6 +63,21 @@ def run(args: argparse.Namespace) -> int:
                "notes": notes}
     print(json.dumps(summary, separators=(",", ":")))
     return 0 if result.match else 1
+
+
+def _per_dp_rank(groups: list[list[str]], pattern: Pattern) -> tuple[list[str], list[int]]:
+    """The files of every --trace, and each one's rank offset: --trace given once a DP rank
+    places the k-th one's ranks at DP rank k (an engine's rank r: k x tp x pp + r)."""
+    if len(groups) == 1:
+        return groups[0], [0] * len(groups[0])
+    layout = pattern.layout
+    if len(groups) != layout.dp:
+        from microbench.argtypes import UsageError
+        raise UsageError(f"--trace is given {len(groups)} times for dp({layout.dp}): give it "
+                         "once (every rank's files), or once a DP rank")
+    files = [f for group in groups for f in group]
+    offsets = [k * layout.tp * layout.pp for k, group in enumerate(groups) for _ in group]
+    return files, offsets
 
 
 def _hints(pattern: Pattern, first_difference: str | None) -> list[str]:

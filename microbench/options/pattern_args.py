@@ -89,6 +89,11 @@ def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True
                             "speculation): a finished request holds its running slot one more "
                             "step; --no-async-scheduling: the synchronous scheduler (what "
                             "vLLM's CPU build runs)")
+    group.add_argument("--no-wave-tail", dest="wave_tail", action="store_false",
+                       help="vllm, a MoE model at --dp > 1: leave out the DP wave's tail (the "
+                            "dummy forwards every DP rank runs after the last real step until "
+                            "the wave's sync every 32 steps): the inference alone, as under "
+                            "traffic that keeps the wave running")
     group.add_argument("--disable-overlap-schedule", action="store_true",
                        help="sglang: the overlap scheduler off, SGLang's flag (on by default: "
                             "a finished request rides one more decode batch)")
@@ -164,5 +169,6 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
                                                           False),
                          pp_whole_tensors=getattr(args, "pp_whole_tensors", False),
                          prefix_caching=getattr(args, "prefix_caching", None),
+                         wave_tail=getattr(args, "wave_tail", True),
                          kv_block_size=(getattr(args, "kv_block_size", None)
                                         if getattr(args, "requests", None) else None))

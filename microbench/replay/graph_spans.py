@@ -21,6 +21,9 @@ import itertools
 from patterns import Op, OpKind, Pattern, Phase
 
 Piece = tuple[int, int, bool]  # [start step, end step), captured
+# Steps a graph may capture: decodes, and vLLM's DP wave tail, whose dummy forwards run the
+# one-token full graph (`_dummy_run(1, uniform_decode=True)`: patterns/engines/vllm/dp_wave.py)
+CAPTURED_PHASES = frozenset({Phase.DECODE, Phase.WAVE_TAIL})
 
 
 def graph_pieces(pattern: Pattern) -> tuple[Piece, ...]:
@@ -42,7 +45,7 @@ def graph_pieces(pattern: Pattern) -> tuple[Piece, ...]:
         for run in runs:
             end += run.repeat
             while i < len(decoding) and points[i] < end:
-                decoding[i] = decoding[i] and run.phase == Phase.DECODE
+                decoding[i] = decoding[i] and run.phase in CAPTURED_PHASES
                 i += 1
         while i < len(decoding):  # past this rank's last step: nothing to capture with
             decoding[i] = False

@@ -52,9 +52,9 @@ from typing import Any
 
 from microbench.argtypes import UsageError
 from microbench.backends import Backend, BoundCall
-from microbench.replay.graph_spans import kept_eager
+from microbench.replay.graph_spans import CAPTURED_PHASES, kept_eager
 from microbench.replay.plan import BoundOp, BoundRun, Plan
-from patterns import Pattern, Phase
+from patterns import Pattern
 from patterns.ops import Transport
 
 MODES = ("decode", "none")
@@ -137,7 +137,7 @@ def use_graphs(plan: Plan, backend: Backend, capture: Capture | None = None,
             lo, hi = max(start, step), min(end, step + run.repeat)
             if lo >= hi:
                 continue
-            if captured and run.phase == Phase.DECODE and run.ops:
+            if captured and run.phase in CAPTURED_PHASES and run.ops:
                 calls = captured_by_key.get(key) if key is not None else None
                 if calls is None:
                     calls = _captured_step(run.ops, capture, plan.graphs, backend.synchronize)
@@ -185,7 +185,7 @@ def _own_decode_runs(plan: Plan) -> tuple[tuple[int, int, bool], ...]:
     """A plan built by hand (no pattern): each of its decode runs is a piece."""
     pieces, step = [], 0
     for run in plan.runs:
-        pieces.append((step, step + run.repeat, run.phase == Phase.DECODE))
+        pieces.append((step, step + run.repeat, run.phase in CAPTURED_PHASES))
         step += run.repeat
     return tuple(pieces)
 

@@ -26,6 +26,7 @@ from patterns.summary import engine_transport_calls
 
 ITERATION_COLUMNS = ["iteration", "prefill_us", "decode_us", "e2e_us", "decode_step_mean_us",
                      "decode_step_median_us", "decode_step_p99_us", "decode_step_max_us"]
+WAVE_COLUMNS = ["wave_tail_us"]  # vLLM's DP wave tail, where the pattern has one
 
 
 def _by_op_kind(ranks: list[RankSamples]) -> dict[str, Any]:
@@ -82,6 +83,7 @@ def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.
         "graph": args.graph,
         "allreduce_algo": getattr(args, "allreduce_algo", None) or "library",
         "prefill_steps": plan.prefill_steps, "decode_steps": steps,
+        **({"wave_tail_steps": plan.tail_steps} if plan.tail_steps else {}),
         **head,
         "calls_per_inference": calls, "by_op": by_op, "wrong": wrong,
         "engine_transports": _engine_transports(pattern),
@@ -98,7 +100,8 @@ def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.
             "peak_rss_kib": getattr(args, "peak_rss_kib", None)}
     files: dict[str, str | Path] = {"meta.json": json_text(meta),
              "iterations.csv": csv_text(aggregate.iteration_rows(figures, steps),
-                                        ITERATION_COLUMNS)}
+                                        ITERATION_COLUMNS + (WAVE_COLUMNS if plan.tail_steps
+                                                             else []))}
     if ops_csv is not None and ops_error is None:
         files["ops.csv"] = ops_csv  # streamed there by op_samples.gather_to_csv
     label = args.label or default_label(pattern, backend.name, summary["allreduce_algo"])
@@ -128,6 +131,9 @@ def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.
     summary["last_line"] = {k: summary[k] for k in last_keys}
     if gpu_standin():
         summary["last_line"]["gpu_standin"] = True
+    if plan.tail_steps:
+        summary["last_line"].update(wave_tail_steps=plan.tail_steps,
+                                    wave_tail_us=summary["wave_tail_us"])
     if summary["workload"] is not None:
         summary["last_line"]["workload"] = summary["workload"]
     return summary

@@ -92,7 +92,13 @@ class _Expected:
 
 def _group_rank(pattern: Pattern, rank: int, op: Op) -> int:
     layout = pattern.layout
-    return layout.stage_of(rank) if op.group == "pp" else layout.tp_rank_of(rank)
+    if op.group == "pp":
+        return layout.stage_of(rank)
+    if op.group == "dp":
+        return layout.dp_rank_of(rank)
+    if op.group == "ep":  # the EP group of dp x tp ranks, DP-rank-major
+        return layout.dp_rank_of(rank) * layout.tp + layout.tp_rank_of(rank)
+    return layout.tp_rank_of(rank)
 
 
 def _as_calls(op: Op, me: int, p2p: set[str]) -> list[Call]:
@@ -116,9 +122,8 @@ def _expected(pattern: Pattern, rank: int, p2p: set[str],
     """What the layout's rank `rank` should issue over one inference, lazily; a pipeline
     peer's world rank numbered in the job's `order`."""
     layout = pattern.layout
-    stage = layout.stage_of(rank)
     step_index = 0
-    for run in pattern.stages[stage]:
+    for run in pattern.runs_of_rank(rank):  # its own DP rank's (uneven batches, workloads)
         for _ in range(run.repeat):
             for i, op in enumerate(run.step.ops):
                 for call in _as_calls(op, _group_rank(pattern, rank, op), p2p):
@@ -150,9 +155,13 @@ def _matches(got: Call, want: _Expected) -> bool:
         and _same(got, replace(want.call, peer=want.world_peer)))
 
 
-def _step_shapes(pattern: Pattern) -> list[str]:
-    """What each step of a request workload holds (empty for a one-batch pattern)."""
+def _step_shapes(pattern: Pattern, rank: int) -> list[str]:
+    """What each step of a request workload holds on `rank` (empty for a one-batch
+    pattern); over DP ranks its own DP rank's steps (patterns/workload/dp_pattern.py)."""
     schedule = getattr(pattern, "schedule", None)
+    views = getattr(pattern, "views", None) if hasattr(pattern, "rank_steps") else None
+    if views is not None:
+        schedule = views[pattern.layout.dp_rank_of(rank)]
     if schedule is None:
         return []
     names = []
@@ -163,7 +172,7 @@ def _step_shapes(pattern: Pattern) -> list[str]:
         if shape.decode_seqs:
             parts.append(f"{shape.decode_seqs} decoding x {shape.decode_tokens} token"
                          f"{'s' * (shape.decode_tokens != 1)}")
-        names += [" + ".join(parts)] * seg.repeat
+        names += [" + ".join(parts) or "nothing of its own (a dummy or idle batch)"] * seg.repeat
     return names
 
 
@@ -220,7 +229,7 @@ def _compare_rank(trace: Trace, rank: RankCalls, pattern: Pattern, p2p: set[str]
     result.before[rank.rank] = start
     result.after[rank.rank] = len(rank.ids) - end
     table = trace.table
-    shapes = _step_shapes(pattern)
+    shapes = _step_shapes(pattern, rank.rank)
     ends = [e for e in expected if e.tag == "logits"]
     step_end = ends[0].call if ends else None
     if step_end is not None:  # a stage before the last gathers no logits: no step ends seen
