@@ -57,6 +57,8 @@ def _inputs(args: argparse.Namespace) -> tuple[list[RunFolder], RunFolder | None
         raise UsageError("figures need matplotlib: pip install 'infercomm[plot]'") from None
     runs = [load_run(p) for p in args.runs]
     sweep = load_sweep("--sweep", args.sweep, collectives=True) if args.sweep else None
+    from microbench.results.runs import refuse_mixed_standins
+    refuse_mixed_standins(runs + ([sweep] if sweep is not None else []))
     return runs, sweep
 
 
