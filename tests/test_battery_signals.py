@@ -139,11 +139,14 @@ def test_sigusr1_ends_a_run_in_one_line_and_leaves_no_folder(tmp_path, everyone)
 
 
 @needs_mpi
-def test_killing_the_reaper_then_the_launcher_leaves_nothing(tmp_path):
-    # Folder and segment stayed: the reaper was dead, and mpiexec killed the ranks' sentinels.
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP])
+def test_killing_or_stopping_the_reaper_then_killing_the_launcher_leaves_nothing(tmp_path,
+                                                                              sig):
+    # Folder and segment stayed: the reaper was dead (or stopped, and it stayed, stopped, for
+    # ever), and mpiexec killed the ranks' sentinels.
     with started_replay(tmp_path, "mpi") as (launcher, marker):
         (reaper,) = roles(marker)["reaper"]
-        os.kill(reaper, signal.SIGKILL)
+        os.kill(reaper, sig)
         time.sleep(0.5)
         launcher.kill()
         launcher.communicate()

@@ -126,6 +126,7 @@ def spawn_local(nproc: int, backend: str, argv: list[str]) -> int:
             guard.deafen()
             _end_all(procs, folder)
             notes.remove(folder)  # with what MPI left in /dev/shm (ranks/shm.py)
+            reaper.end()
 
 
 def _run_ranks(nproc: int, backend: str, argv: list[str], env: dict[str, str],
@@ -193,7 +194,9 @@ shutil.rmtree(folder, ignore_errors=True)
 
 class Reaper:
     """A process outside the run's process groups that removes `folder` once we are gone;
-    started again when it is killed while the run goes on (`keep`, each poll)."""
+    started again when it is killed while the run goes on (`keep`, each poll), and ended by
+    whoever removes the folder (`end`; notes.remove_launch_dir): a reaper someone stopped
+    (SIGSTOP) would otherwise outlive the run."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
@@ -208,6 +211,14 @@ class Reaper:
                 [sys.executable, "-S", "-c", _REAPER, str(os.getpid()), str(self.folder),
                  shm.__file__], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, start_new_session=True)
+            notes.note_reaper(self.folder, self.proc.pid)
+
+    def end(self) -> None:
+        """The folder is gone: so is the reaper's work (SIGKILL: it may be stopped)."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                self.proc.kill()
+                self.proc.wait(timeout=5)
 
 
 def _no_progress(status: int, folder: Path) -> int:

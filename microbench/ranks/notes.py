@@ -14,6 +14,7 @@ Outside `--nproc` neither is set and nothing here does anything.
 import contextlib
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -88,10 +89,21 @@ def new_launch_dir() -> Path:
     return folder
 
 
+def note_reaper(folder: Path, pid: int) -> None:
+    """The launcher's reaper ("PID:START"), for whoever removes the folder to end it."""
+    with contextlib.suppress(OSError):
+        (folder / "reaper").write_text(f"{pid}:{process_start(pid)}")
+
+
 def remove_launch_dir() -> None:
-    """Remove the launcher's notes folder: a launcher killed by SIGKILL cannot."""
+    """Remove the launcher's notes folder (a launcher killed by SIGKILL cannot), and end its
+    reaper, which has nothing left to do (and outlived the run when it was stopped)."""
     folder = os.environ.get(LAUNCH_DIR_VAR)
     if folder and Path(folder).name.startswith("infercomm-launch-"):
+        with contextlib.suppress(OSError, ValueError):
+            reaper = (Path(folder) / "reaper").read_text()
+            if launcher_alive(reaper):  # the same process: pid and start time
+                os.kill(int(reaper.partition(":")[0]), signal.SIGKILL)
         remove(Path(folder))
 
 
