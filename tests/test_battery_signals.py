@@ -172,11 +172,13 @@ def test_a_run_killed_whole_at_once_leaves_no_segment(tmp_path):
 
 
 @needs_mpi
-@pytest.mark.parametrize("target", ["launcher", "rank 0"])
-def test_a_stop_while_mpi_init_makes_its_segment_leaves_none(tmp_path, target):
+@pytest.mark.parametrize("target, sig", [("launcher", signal.SIGTERM),
+                                         ("rank 0", signal.SIGINT), ("rank 0", signal.SIGUSR1)])
+def test_a_stop_while_mpi_init_makes_its_segment_leaves_none(tmp_path, target, sig):
     # 5 of 5 tries left /dev/shm/mpich_shm_*: MPI_Init makes it before the rank can note it,
     # and SIGTERM (to the launcher, which passes it on) or SIGINT (to the rank) ended the rank
-    # there. The test stops the run the moment a rank holds a new MPICH file.
+    # there; a SIGUSR1 held there reached MPICH's handler and the run went on (3 of 3). The
+    # test stops the run the moment a rank holds a new MPICH file.
     marker = uuid.uuid4().hex
     before = mpich_files()
     launcher = start_long_replay(tmp_path, "mpi", marker)
@@ -188,12 +190,17 @@ def test_a_stop_while_mpi_init_makes_its_segment_leaves_none(tmp_path, target):
                 assert time.monotonic() < deadline and launcher.poll() is None
                 time.sleep(0.001)
             if target == "launcher":
-                launcher.send_signal(signal.SIGTERM)
+                launcher.send_signal(sig)
             else:
                 for pid in rank_pids(marker, 0):
-                    os.kill(pid, signal.SIGINT)
+                    os.kill(pid, sig)
             _out, err = launcher.communicate(timeout=STOP_WITHIN)
-            assert "Traceback" not in err, err
+            # A peer inside MPI_Init may crash when this rank vanishes before its own MPI_Init
+            # (MPICH/UCX: SIGSEGV, 1 of 30 runs), and Hydra then names the crash: either way
+            # the run ended, in one line.
+            assert launcher.returncode == 128 + sig or (
+                target != "launcher" and "was killed by signal SIGSEGV" in err), err
+            assert len(err.splitlines()) == 1 and "Traceback" not in err, err
             assert wait_gone(marker, 10) == []
             time.sleep(0.5)  # the reaper's poll
             assert sorted(mpich_files() & made) == [], "the run's segment was left"

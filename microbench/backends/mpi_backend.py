@@ -22,7 +22,8 @@ mpi4py.rc.threads = False  # one thread issues every call; no MPI_THREAD_MULTIPL
 with rank_stop.held():
     from mpi4py import MPI
     shm.note_segments(MPI.COMM_WORLD.Get_rank())
-rank_stop.reclaim()
+    rank_stop.reclaim()  # before a SIGUSR1 or SIGHUP held meanwhile reaches MPICH's handler
+rank_stop.release()
 
 from microbench.backends import mpi_transport  # noqa: E402
 from microbench.backends.mpi_reduce import MpiTypes  # noqa: E402

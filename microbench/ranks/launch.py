@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from microbench.argtypes import UsageError
-from microbench.ranks import faults, notes, shm
+from microbench.ranks import faults, notes, rank_stop, shm
 from microbench.ranks.children import (
     STOP_SIGNALS,
     StopGuard,
@@ -136,6 +136,7 @@ def _run_ranks(nproc: int, backend: str, argv: list[str], env: dict[str, str],
     them; the run's exit status."""
     if backend == "mpi":
         cmd, mpi_env = mpi_command(nproc, argv)
+        env[rank_stop.HOLD_VAR] = "1"  # stops wait for MPI_Init (ranks/rank_stop.py)
         with signals_held():  # appended before a stop can be raised (children.signals_held)
             procs.append(subprocess.Popen(cmd, env={**mpi_env, **env},
                                           stdout=subprocess.PIPE, **common))

@@ -14,10 +14,13 @@ Two things stood in the way:
 - MPI_Init makes MPICH's /dev/shm segment before the rank can note it for removal
   (ranks/shm.py): a rank ended there left it (5 of 5 tries). `held()` keeps the stop signals
   pending while MPI starts and the segment is noted; the watchdog's thread never takes them
-  (watchdog.py), so they wait for this thread. MPICH and UCX take SIGUSR1 and SIGHUP at
-  MPI_Init (MPICH's notice of a failed process, unused under mpiexec's default clean-up, and
-  UCX's debug dump): the rank takes them back (`reclaim`), so they end it as they end any
-  process.
+  (watchdog.py), so they wait for this thread. A rank of the `--nproc` MPI launcher holds
+  them from its first line (HOLD_VAR) until then (`release`): ended before its own MPI_Init,
+  it left its peer inside MPI_Init with the segment made, and mpiexec ended that peer before
+  anything noted it (2 of 8 tries). MPICH and UCX take SIGUSR1 and SIGHUP at MPI_Init
+  (MPICH's notice of a failed process, unused under mpiexec's default clean-up, and UCX's
+  debug dump): the rank takes them back (`reclaim`) before it lets them in, so they end it
+  as they end any process (a SIGUSR1 held there reached MPICH's handler: the run went on).
 """
 
 import contextlib
@@ -28,18 +31,31 @@ from collections.abc import Iterator
 from microbench.ranks.children import STOP_SIGNALS
 from microbench.ranks.notes import LAUNCH_DIR_VAR
 
+# Set by the `--nproc` launcher for its MPI ranks: they hold the stop signals until MPI_Init
+# is done and its segment noted (mpi_backend.py calls release()).
+HOLD_VAR = "INFERCOMM_HOLD_STOPS_TO_MPI_INIT"
+
 
 def at_start() -> None:
     """First thing in `python -m microbench`: a rank a `--nproc` launcher started stops by
-    default from here on (the launcher started it with SIGINT held, so one sent during the
-    interpreter's own start is taken now)."""
+    default from here on (the launcher started it with the stop signals held, so one sent
+    during the interpreter's own start is taken now), an MPI rank once MPI is up."""
     if os.environ.get(LAUNCH_DIR_VAR):
         take_default_stops()
+        if os.environ.get(HOLD_VAR):
+            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
 
 
 def take_default_stops() -> None:
-    """SIGINT ends this process by the signal, as every other stop signal does."""
+    """SIGINT ends this process by the signal, as every other stop signal does; held ones
+    are let in, unless this is an MPI rank that holds them to its MPI_Init (HOLD_VAR)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if not os.environ.get(HOLD_VAR):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def release() -> None:
+    """MPI is up and its segment noted: the stop signals (one held meanwhile) end the rank."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
