@@ -123,3 +123,26 @@ def test_engines_lists_the_metadata_as_modelled() -> None:
     vllm = proc.stdout.split("\nvllm: ")[1].split("\n\n")[0]
     assert "send_object" not in vllm.split("not modelled", 1)[1]
     assert "--tensor-device" in proc.stdout
+
+
+def test_the_hint_names_the_pipeline_path_a_trace_took() -> None:
+    """validate's rows (rank, phase, op, numel, dtype, group, trace, pattern): the metadata is
+    the only uint8 a vLLM pipeline sends, so its presence on one side alone names the path."""
+    from patterns.engines.vllm.pp_hints import pp_path_hint
+    from patterns.traces.validate import Row
+
+    def rows(trace: int, pattern: int, size: int = 183) -> list[Row]:
+        return [Row(0, "decode", "send", size, "uint8", 2, trace, pattern),
+                Row(0, "decode", "send", 128, "fp32", 2, 2, 2)]
+
+    # a trace with the metadata held against --pp-whole-tensors
+    assert "drop --pp-whole-tensors" in pp_path_hint(rows(1, 0), True, "cuda")
+    # a shared-memory trace (no metadata) held against the GPU path
+    assert "add --pp-whole-tensors" in pp_path_hint(rows(0, 1), False, "cuda")
+    # both have it, the sizes differ: 183 (cpu) in the trace, 185 (cuda) in the pattern
+    both = [*rows(1, 0), *rows(0, 1, 185)]
+    assert pp_path_hint(both, False, "cuda") == (
+        "the pickled pipeline metadata is 183 bytes in the trace, 185 in the pattern: it names "
+        "the tensors' device type (--tensor-device cuda here; --tensor-device cpu?), dtype "
+        "and shape")
+    assert pp_path_hint(rows(1, 1), False, "cpu") is None
