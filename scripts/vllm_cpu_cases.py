@@ -86,11 +86,14 @@ CASES: dict[str, Case] = {
     # 4 workers on 2 cores: two a core
     "dense-tp4": Case("dense", dict(tensor_parallel_size=4, **SCHEDULED), (ONE,),
                       bind="0|0|1|1"),
-    # PP2 x TP2, 4 workers on 2 cores: the CPU build sends a stage's tensors whole
+    # PP2 x TP2, 4 workers on 2 cores: with shared memory (AVX-512) the CPU build sends a
+    # stage's tensors whole; without (AVX2) the metadata and TP slices, as on GPUs.
+    # `long-prompt`: a prefill of 300 tokens in one step (the CPU build's budget, 4096), whose
+    # pickled metadata holds a dim of 256 or more (2 bytes longer than [T < 256, 128]'s)
     "dense-pp2-tp2": Case("dense", dict(pipeline_parallel_size=2, tensor_parallel_size=2,
-                                        **SCHEDULED, enforce_eager=False,
+                                        max_num_seqs=2, max_model_len=512, enforce_eager=False,
                                         compilation_config={"mode": 2, "backend": "eager"}),
-                          (ONE,), bind="0|0|1|1"),
+                          (ONE, Workload("long-prompt", ((300, 2),))), bind="0|0|1|1"),
 }
 
 
