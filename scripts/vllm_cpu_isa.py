@@ -10,7 +10,11 @@ and pipeline send goes through torch.distributed on gloo (`c10d::*` in the trace
 
 `--isa avx2` writes a `sitecustomize.py` into a folder of the run and puts it first on
 PYTHONPATH, so that every Python process of the run (vLLM spawns its workers) sees the CPU
-an AVX2-only x86 CPU reports: no AVX-512, no AVX-512 BF16, no AVX-512 VNNI, no AMX.
+an AVX2-only x86 CPU reports: no AVX-512, no AVX-512 BF16, no AVX-512 VNNI, no AMX. The run
+also compiles its own torch.compile kernels, in caches of that folder, as a fresh AVX2
+machine would: taking those an AVX-512 run left in the shared inductor cache, vLLM's
+compiled vocabulary mask (`get_masked_input_and_mask`) wrote only its first 8 of 16 tokens,
+and the embedding failed with `index out of range` on the first 16-token step.
 """
 
 from __future__ import annotations
@@ -40,11 +44,14 @@ _LIBRARY = re.compile(r"/vllm/(_C(?:_AVX2|_AVX512)?)\.abi3\.so$")
 def force_avx2(folder: Path) -> None:
     """Make this process and every Python process it starts see an AVX2-only CPU: the
     sitecustomize written to `folder`, PYTHONPATH set to it, and this process patched the
-    same way (its sitecustomize has already run)."""
+    same way (its sitecustomize has already run); torch.compile's and vLLM's caches in
+    `folder` too."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "sitecustomize.py").write_text(SITECUSTOMIZE)
     rest = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(folder), rest) if p)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder / "inductor-cache")
+    os.environ["VLLM_CACHE_ROOT"] = str(folder / "vllm-cache")
     exec(compile(SITECUSTOMIZE, str(folder / "sitecustomize.py"), "exec"), {})
 
 
