@@ -3,7 +3,12 @@ with CUDA graphs, for the decode messages of Llama-3.1-8B.
 
     python benchmarks/gpu_overhead.py                        # world size 1 on one GPU
     torchrun --nproc-per-node 4 benchmarks/gpu_overhead.py   # any world size, one GPU a rank
-    srun -N 1 --ntasks-per-node 4 --gpus-per-task 1 python benchmarks/gpu_overhead.py
+    srun -N 1 --ntasks-per-node 4 --gpus-per-node 4 --gpu-bind=none \\
+        python benchmarks/gpu_overhead.py
+
+Every task must see all its node's GPUs: under `srun --gpus-per-task=1` each sees its own
+only, NCCL cannot find the NVLink between them and falls back to PCIe or shared memory
+(NVIDIA/nccl#1066), and the figures are not the node's (a warning says so).
 
 Cases (bf16): allreduce [B,4096] for B in 1, 2, 4, ..., 64 (a decode step's TP allreduces);
 gather [1,64128] to rank 0 (TP2's logits slice); allgather of a [2048] slice (a TP2xPP2
@@ -184,6 +189,18 @@ class Case:
         return total / (self.steps * self.calls)
 
 
+def backend_port(env: DistEnv, name: str, names: list[str]) -> int:
+    """Where each library meets: torch's rendezvous always at MASTER_PORT (under torchrun a
+    client of the store torchrun's agent serves there, and only there: a torch rendezvous on
+    another port is client-only under the agent and waits for a server that never comes,
+    torch/distributed/rendezvous.py `_create_c10d_store`); the nccl backend's id exchange on
+    the agent's store too, else on the next port when torch's rank 0 serves MASTER_PORT."""
+    from microbench.backends.nccl_exchange import agent_store_serves
+    if name == "nccl" and "torch" in names and not agent_store_serves(env):
+        return env.master_port + 1
+    return env.master_port
+
+
 def main() -> int:
     args = parse()
     import torch
@@ -204,10 +221,12 @@ def main() -> int:
         sys.stderr.write("gpu_overhead: error: no backend to measure; use --backends torch\n")
         return 2
     watchdog = Watchdog(600, env.rank).start()  # before the backends: it spawns a sentinel
-    backends = []
-    for offset, name in enumerate(names):  # torch's rendezvous and the TCPStore: two ports
-        backends.append(open_backend(name, env=replace(env, master_port=env.master_port +
-                                                       offset), device="cuda", timeout=600))
+    from microbench.ranks.device import device_count, isolated_gpus_warning
+    warning = isolated_gpus_warning(env, device_count("torch")) if env.rank == 0 else None
+    if warning is not None:
+        sys.stderr.write(warning)
+    backends = [open_backend(name, env=replace(env, master_port=backend_port(env, name, names)),
+                             device="cuda", timeout=600) for name in names]
     world = backends[0].world_size
     table: list[tuple[str, str, int, dict[str, list[float]]]] = []
     for label, kind, numel in cases(world):

@@ -2,9 +2,10 @@
 its range, before any of it becomes a ModelConfig.
 
 A config that cannot describe a model (more experts chosen than exist, more KV heads than
-heads, a negative size) is refused with the field, its value and what would be right; an
-architecture whose layers are not attention + MLP (Mamba, RWKV) is refused, since its
-communication follows none of the profiles' rules.
+heads, a negative size, an integer of thousands of digits, a layer kind no model has) is
+refused with the field, its value and what would be right; an architecture whose layers are
+neither attention + MLP nor one of the Mamba hybrids `patterns/hybrid.py` reads (pure Mamba,
+RWKV) is refused, since its communication follows none of the profiles' rules.
 """
 
 import json
@@ -25,15 +26,35 @@ KNOWN_MODEL_TYPES = frozenset({
     "llama4_text", "phi3", "phi", "granite", "granitemoe", "olmo", "olmo2", "olmoe",
     "internlm2", "cohere", "starcoder2", "exaone", "minicpm", "baichuan", "yi", "glm4",
     "glm4_moe", "ernie4_5", "ernie4_5_moe", "hunyuan_v1_dense", "seed_oss", "kimi_k2",
+    "nemotron_h", "granitemoehybrid", "falcon_h1", "jamba",  # patterns/hybrid.py
 })
 
 # Families without attention + MLP layers: their state-space or recurrent mixers move
 # nothing the profiles know how to count.
 NOT_TRANSFORMERS = frozenset({
-    "mamba", "mamba2", "falcon_mamba", "rwkv", "rwkv5", "rwkv6", "rwkv7", "jamba", "zamba",
-    "zamba2", "recurrent_gemma", "xlstm", "bamba", "nemotron_h", "granitemoehybrid",
-    "lfm2", "plamo2",
+    "mamba", "mamba2", "falcon_mamba", "rwkv", "rwkv5", "rwkv6", "rwkv7", "zamba",
+    "zamba2", "recurrent_gemma", "xlstm", "bamba", "lfm2", "plamo2",
 })
+
+# Families whose every model has experts: 0 of them cannot be one of these.
+MOE_FAMILIES = frozenset({
+    "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "olmoe",
+    "granitemoe", "glm4_moe", "ernie4_5_moe", "kimi_k2", "llama4", "llama4_text",
+})
+
+# The layer kinds transformers accepts in `layer_types` (huggingface/transformers 5.24,
+# configuration_utils.py ALLOWED_LAYER_TYPES) and its legacy names (_LEGACY_LAYER_TYPE_REMAP):
+# any other entry is a typo that would be read as full attention.
+LAYER_TYPES = (
+    "full_attention", "sliding_attention", "chunked_attention", "window_attention",
+    "indexed_attention", "compressed_sparse_attention", "heavily_compressed_attention",
+    "minimax_m3_sparse", "conv", "moe", "hybrid", "hybrid_sliding",
+    "reference_sliding_attention", "linear_attention", "sparse", "dense", "mamba", "attention",
+    "mlp",  # nemotron_h's layers_block_type (transformers NemotronHConfig)
+)
+
+# Beyond int64 no config field means anything (sizes, ids and counts are far below).
+MAX_INT_DIGITS = 18
 
 # Integer fields and the least value each may take (absent or null: not checked here).
 _POSITIVE = ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads",
@@ -62,7 +83,7 @@ def read_config_json(file: Path) -> dict[str, object]:
                           f"Face config.json is a few KiB (at most {MAX_CONFIG_BYTES:,} bytes "
                           "are read)")
     try:
-        raw = json.loads(file.read_bytes())
+        raw = json.loads(file.read_bytes(), parse_int=_bounded_int)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"{file}: not valid JSON ({err}); a Hugging Face config.json "
                           "is one JSON object") from None
@@ -74,7 +95,33 @@ def read_config_json(file: Path) -> dict[str, object]:
     if not isinstance(raw, dict):
         raise ConfigError(f"{file}: holds a JSON {type(raw).__name__}; a Hugging Face "
                           "config.json is one JSON object")
+    _refuse_huge_ints(raw, str(file))
     return raw
+
+
+class _HugeInt(int):
+    """An integer literal of more than MAX_INT_DIGITS digits, kept as its digit count (int()
+    of over 4,300 digits raises, and no field needs one): named by its field after parsing."""
+
+
+def _bounded_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    return _HugeInt(digits) if digits > MAX_INT_DIGITS else int(text)
+
+
+def _refuse_huge_ints(raw: dict[str, object], where: str) -> None:
+    """The first integer of more than MAX_INT_DIGITS digits, named by its path."""
+    stack: list[tuple[str, object]] = [("", raw)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, _HugeInt):
+            raise ConfigError(f"{where}: {path} is an integer of {int(value):,} digits; a "
+                              "config.json's sizes, counts and ids fit in 64 bits (at most "
+                              f"{MAX_INT_DIGITS} digits)")
+        if isinstance(value, dict):
+            stack += [(f"{path}.{k}" if path else str(k), v) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(f"{path}[{i}]", v) for i, v in enumerate(value)]
 
 
 def _kind(mode: int) -> str:
@@ -116,7 +163,40 @@ def check_fields(raw: dict[str, object], where: str) -> None:
     if isinstance(family, str) and family.lower() in NOT_TRANSFORMERS:
         raise ConfigError(f"{where}: model_type {family!r} has no attention + MLP layers; the "
                           "engine profiles model transformer decoders (llama, qwen3, mixtral, "
-                          "deepseek_v3, gpt_oss, ...)")
+                          "deepseek_v3, gpt_oss, ...) and the Mamba hybrids nemotron_h, "
+                          "granitemoehybrid, falcon_h1 and jamba")
+    for field in ("layer_types", "layers_block_type"):
+        _check_layer_kinds(raw.get(field), field, where)
+    _check_zero_experts(raw, where)
+
+
+def _check_layer_kinds(kinds: object, field: str, where: str) -> None:
+    """Every entry of a layer-kind list one transformers knows (its type and length are
+    checked where the list is read)."""
+    if not isinstance(kinds, list):
+        return
+    for i, kind in enumerate(kinds):
+        if isinstance(kind, str) and kind not in LAYER_TYPES:
+            raise ConfigError(f"{where}: {field}[{i}] is {_show(kind)}, a layer kind no model "
+                              f"has; each entry must be one of {', '.join(LAYER_TYPES)}")
+
+
+def _check_zero_experts(raw: dict[str, object], where: str) -> None:
+    """0 experts in a config that chooses some a token, or in a family that always has
+    experts, was read as a dense model."""
+    for field in ("num_local_experts", "num_experts", "n_routed_experts"):
+        if raw.get(field) != 0 or isinstance(raw.get(field), bool):
+            continue
+        top_k = next((raw[f] for f in ("num_experts_per_tok", "experts_per_token")
+                      if isinstance(raw.get(f), int) and raw[f] > 0), 0)
+        family = str(raw.get("model_type") or "").lower()
+        if top_k:
+            raise ConfigError(f"{where}: {field} is 0 but num_experts_per_tok is {top_k}; a "
+                              f"mixture-of-experts config has at least {top_k} experts (a "
+                              "dense model gives no experts and no experts a token)")
+        if family in MOE_FAMILIES:
+            raise ConfigError(f"{where}: {field} is 0, but every {family} model has experts; "
+                              "give its number of experts (more than 1)")
 
 
 def check_shape(raw: dict[str, object], where: str, heads: int, experts: int,

@@ -72,37 +72,91 @@ def dp_padded_tokens(tokens: Sequence[int],
     coordination tensor); when every rank runs a graph (the synced mode, the minimum, is not
     NONE) all pad to the largest, else each keeps its own (`_post_process_dp_padding`).
     """
-    sizes = [graph_size(t) for t in tokens]
-    if any(s is None for s in sizes):
+    return dp_padded(tokens, [graph_size(t) for t in tokens])
+
+
+def dp_padded(tokens: Sequence[int], sizes: Sequence[int | None]) -> tuple[int, ...]:
+    """`dp_padded_tokens` of the ranks' graph sizes found already."""
+    if None in sizes:
         return tuple(t if s is None else s for t, s in zip(tokens, sizes, strict=True))
     return (max(s for s in sizes if s is not None),) * len(tokens)
 
 
-def build_replicas(global_runs: Sequence[tuple[tuple[RankStep, ...], int]], stages: int,
+class GlobalRun(NamedTuple):
+    """`repeat` global steps in which every DP rank runs its step of `steps`; `sync`: each
+    ends with the call `build_replicas` is given as the engine's periodic sync (vLLM's wave
+    sync); `tail`: the ranks' steps are the wave's tail (Phase.WAVE_TAIL), not the
+    inference's own."""
+
+    steps: tuple[RankStep, ...]
+    repeat: int
+    sync: bool = False
+    tail: bool = False
+
+
+def with_syncs(global_runs: Sequence[tuple[tuple[RankStep, ...], int]], every: int,
+               length: int, dummy: RankStep) -> list[GlobalRun]:
+    """The aligned runs cut so that every `every`-th global step (1-based: every, 2 x every,
+    ...) is a run of its own that syncs, and followed, up to `length` steps, by a tail of
+    `dummy` steps on every rank (the wave's end)."""
+    out: list[GlobalRun] = []
+    at = 0
+    tail = [((dummy,) * len(global_runs[0][0]), length - sum(r for _, r in global_runs), True)]
+    for steps, repeat, *is_tail in [(s, r, False) for s, r in global_runs] + tail:
+        left = repeat
+        while left > 0:
+            to_sync = every - at % every  # steps up to and including the next sync
+            if left >= to_sync:
+                if to_sync > 1:
+                    out.append(GlobalRun(steps, to_sync - 1, False, is_tail[0]))
+                out.append(GlobalRun(steps, 1, True, is_tail[0]))
+                at, left = at + to_sync, left - to_sync
+            else:
+                out.append(GlobalRun(steps, left, False, is_tail[0]))
+                at, left = at + left, 0
+    return out
+
+
+def build_replicas(global_runs: Sequence[tuple[tuple[RankStep, ...], int] | GlobalRun],
+                   stages: int,
                    tokens_of: Callable[[tuple[RankStep, ...]], tuple[int, ...]],
                    ops_of: Callable[[int, int, tuple[RankStep, ...], tuple[int, ...]],
-                                    list[Op]]
+                                    list[Op]],
+                   sync_op: Op | None = None
                    ) -> tuple[tuple[tuple[Run, ...], ...], ...]:
     """`Pattern.dp_stages`: per DP rank and stage, the merged run list.
 
     `tokens_of(steps)` gives every DP rank's T for one global step (after DP padding);
     `ops_of(dp_rank, stage, steps, tokens)` the calls of that rank's forward pass, `steps`
-    being every DP rank's step of it.
+    being every DP rank's step of it; a GlobalRun's `sync` appends `sync_op`, its `tail`
+    makes the steps Phase.WAVE_TAIL.
     """
-    dp = len(global_runs[0][0]) if global_runs else 0
+    runs_in = [r if isinstance(r, GlobalRun) else GlobalRun(*r) for r in global_runs]
+    dp = len(runs_in[0].steps) if runs_in else 0
     replicas = []
     for d in range(dp):
         per_stage = []
         for stage in range(stages):
             runs: list[Run] = []
-            for steps, repeat in global_runs:
+            for steps, repeat, sync, tail in runs_in:
                 tokens = tokens_of(steps)
                 own = steps[d]
-                step = Step(tuple(ops_of(d, stage, steps, tokens)), tokens[d], own.rows)
-                if runs and runs[-1].phase == own.phase and runs[-1].step == step:
-                    runs[-1] = Run(own.phase, step, runs[-1].repeat + repeat)
+                ops = ops_of(d, stage, steps, tokens)
+                if sync and sync_op is not None:
+                    ops = [*ops, sync_op]
+                step = Step(tuple(ops), tokens[d], own.rows)
+                phase = Phase.WAVE_TAIL if tail else own.phase
+                if runs and runs[-1].phase == phase and runs[-1].step == step:
+                    runs[-1] = Run(phase, step, runs[-1].repeat + repeat)
                 else:
-                    runs.append(Run(own.phase, step, repeat))
+                    runs.append(Run(phase, step, repeat))
             per_stage.append(tuple(runs))
         replicas.append(tuple(per_stage))
     return tuple(replicas)
+
+
+def wave_tail(runs: Sequence[Run]) -> tuple[int, int]:
+    """(steps, calls) of a run list's wave tail (Phase.WAVE_TAIL): what a DP rank issues
+    after the inference's last real step until the wave ends."""
+    tail = [run for run in runs if run.phase == Phase.WAVE_TAIL]
+    return (sum(run.repeat for run in tail), sum(run.repeat * len(run.step.ops) for run in tail))

@@ -10,6 +10,9 @@ DTYPE_BYTES: dict[str, int] = {
     "int64": 8,
     "int32": 4,
     "uint8": 1,
+    # torch.bool, one byte an element: Megatron's MoE dispatcher all-gathers its routing map
+    # as bool (patterns/engines/megatron/moe.py); NCCL carries it as uint8, as torch does.
+    "bool": 1,
 }
 
 # Spellings found in Hugging Face configs (torch_dtype) and on command lines.

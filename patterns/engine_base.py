@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 
 from patterns.errors import ConfigError
+from patterns.hybrid import check_hybrid_use
 from patterns.layout import Layout, Workload
 from patterns.models import ModelConfig
 from patterns.pattern import EngineOptions, Pattern
@@ -23,6 +24,7 @@ OPTION_FLAGS: dict[str, str] = {
     "nccl_only": "--nccl-only",
     "model_runner": "--model-runner",
     "sp": "--sp",
+    "return_log_probs": "--return-log-probs",
     "max_num_seqs": "--max-num-seqs",
     "moe_backend": "--moe-backend",
     "a2a": "--a2a",
@@ -32,6 +34,7 @@ OPTION_FLAGS: dict[str, str] = {
     "prefix_caching": "--prefix-caching / --no-prefix-caching",
     "kv_block_size": "--kv-block-size",
     "tensor_device": "--tensor-device",
+    "wave_tail": "--no-wave-tail",
 }
 
 
@@ -78,12 +81,15 @@ def _check_options(info: EngineInfo, options: EngineOptions) -> None:
 # Profiles that model MoE token exchange between DP ranks and per-DP-rank batches
 # (patterns/moe.py); every other one models dp > 1 only as replicas of a dense model.
 DP_ENGINES = frozenset({"vllm", "sglang"})
+# Profiles that model a MoE model's experts under --dp and --ep with one batch shape on every
+# DP rank (no --dp-batches): Megatron's static engine (patterns/engines/megatron/moe.py).
+EP_ENGINES = DP_ENGINES | {"megatron"}
 
 
 def _check_data_parallel(engine: str, model: ModelConfig, layout: Layout,
                          workload: Workload) -> None:
     """Never a silent TP-only answer to an expert-parallel question."""
-    if engine in DP_ENGINES:
+    if engine in DP_ENGINES or (engine in EP_ENGINES and workload.dp_batches is None):
         return
     if layout.ep or (layout.dp > 1 and model.is_moe) or workload.dp_batches is not None:
         what = ("--ep" if layout.ep else "--dp-batches" if workload.dp_batches is not None
@@ -99,6 +105,7 @@ def generate(engine: str, model: ModelConfig, layout: Layout, workload: Workload
     if profile is None:
         raise ConfigError(f"unknown engine {engine!r}; use one of {', '.join(sorted(ENGINES))}")
     layout.check_model(model)
+    check_hybrid_use(model.name, model.hybrid, engine)
     layout.check_workload(workload)
     _check_data_parallel(engine, model, layout, workload)
     if options is not None and options.a2a != "allgather_reducescatter" and not (

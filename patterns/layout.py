@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 from patterns.dtypes import canonical_dtype
 from patterns.errors import ConfigError
+from patterns.hybrid import check_hybrid_tp
 from patterns.models import ModelConfig
 
 
@@ -62,6 +63,8 @@ class Layout:
                     f"the EP group of dp({self.dp}) x tp({self.tp}) = {size} ranks does not "
                     f"divide the {experts} experts of {model.name}; use dp x tp in "
                     f"{', '.join(map(str, fits))}")
+        if model.hybrid:  # the Mamba mixers' own TP rules
+            check_hybrid_tp(model.name, model.hybrid, self.tp)
         layers = model.num_hidden_layers
         if self.pp > layers:
             raise ConfigError(f"pp({self.pp}) exceeds num_hidden_layers({layers}) of "

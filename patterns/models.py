@@ -10,6 +10,9 @@ from pathlib import Path
 from patterns.config_checks import check_fields, check_shape, read_config_json
 from patterns.dtypes import canonical_dtype
 from patterns.errors import ConfigError, printable, shown
+from patterns.families import embedding_traits
+from patterns.hybrid import Block, HybridLayers, hybrid_layer_count, read_hybrid
+from patterns.quantization import QuantScheme, quantization_scheme
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,17 @@ class ModelConfig:
     # `sliding_window` and `layer_types`); 0 / () where every layer attends to everything.
     sliding_window: int = 0
     sliding_layers: tuple[int, ...] = ()
+    # Mamba hybrids (patterns/hybrid.py): each layer's blocks; None for attention + MLP layers.
+    hybrid: HybridLayers | None = None
+    # What decides whether the embedding all-reduce fuses with the first norm
+    # (patterns/families.py): embedded outside the compiled graph (multimodal), scaled before
+    # the norm, or a family none of whose all-reduces meets an RMSNorm.
+    multimodal: bool = False
+    embedding_scaled: bool = False
+    norm_fusion: bool = True
+    # quantization_config as vLLM loads it (patterns/quantization.py); None: not quantized,
+    # or a preset (its weight_format stands for its config's scheme)
+    quantization: QuantScheme | None = None
 
     def __post_init__(self) -> None:
         if self.moe_layers is None:
@@ -61,6 +75,16 @@ class ModelConfig:
 
     def is_moe_layer(self, layer: int) -> bool:
         return self.num_local_experts > 1 and layer in (self.moe_layers or ())
+
+    def layer_blocks(self, layer: int) -> tuple[Block, ...]:
+        """A hybrid layer's blocks in call order; () for an attention + MLP layer."""
+        return self.hybrid.layers[layer] if self.hybrid else ()
+
+    @property
+    def embedding_fusable(self) -> bool:
+        """Whether the embedding all-reduce goes straight into the first RMSNorm of the
+        compiled graph (vLLM's fusion can take it only then)."""
+        return self.norm_fusion and not (self.multimodal or self.embedding_scaled)
 
     def check_sequence(self, prompt: int, decode: int) -> None:
         """Refuse sequences longer than the model's positions (vLLM's max_model_len)."""
@@ -291,13 +315,15 @@ def from_hf_config(path: str | Path) -> ModelConfig:
         presets = ", ".join(PRESETS)
         raise ConfigError(f"model config {str(file)!r} does not exist; pass a preset "
                           f"({presets}) or the path of a Hugging Face config.json")
-    raw = read_config_json(file)
+    raw = top = read_config_json(file)
     # Multimodal configs (Gemma 3, Llama 4) keep the language model's fields under
     # text_config; its model_type (gemma3_text, llama4_text) is the one that matters.
     if "hidden_size" not in raw and isinstance(raw.get("text_config"), dict):
         raw = {**raw, **raw["text_config"]}
     raw = {**_FAMILY_DEFAULTS.get(str(raw.get("model_type")), {}), **raw}
     check_fields(raw, str(file))
+    if (count := hybrid_layer_count(raw)) is not None:
+        raw = {**raw, "num_hidden_layers": count}
     missing = [f for f in _REQUIRED if f not in raw]
     if missing:
         raise ConfigError(f"{file}: lacks {', '.join(missing)}; a decoder model's config.json "
@@ -319,6 +345,8 @@ def from_hf_config(path: str | Path) -> ModelConfig:
     except ConfigError as err:
         raise ConfigError(f"{where}: {err}") from None
     name = model_name(raw, file, values["hidden_size"], values["num_hidden_layers"])
+    hybrid = read_hybrid(raw, where, values["num_hidden_layers"], values["hidden_size"])
+    family = str(raw.get("model_type") or "llama")
     return ModelConfig(
         name=name,
         num_key_value_heads=int(kv),
@@ -328,11 +356,14 @@ def from_hf_config(path: str | Path) -> ModelConfig:
         num_local_experts=experts,
         num_experts_per_tok=top_k,
         source=str(file.resolve()),
-        model_type=str(raw.get("model_type") or "llama"),
-        moe_layers=_moe_layers(raw, values["num_hidden_layers"], experts),
+        model_type=family,
+        moe_layers=(hybrid.moe_layers() if hybrid and experts > 1
+                    else _moe_layers(raw, values["num_hidden_layers"], experts)),
         mla=bool(raw.get("kv_lora_rank")),
         **_weight_shapes(raw),
-        **_sliding(raw, values["num_hidden_layers"], where),
+        quantization=quantization_scheme(raw, where),
+        **({} if hybrid else _sliding(raw, values["num_hidden_layers"], where)),
+        hybrid=hybrid, **embedding_traits(top, family),
         max_position_embeddings=(positions if isinstance(positions, int)
                                  and not isinstance(positions, bool) and positions > 0 else 0),
         **values,

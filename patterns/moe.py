@@ -10,6 +10,7 @@ fp8 dispatch, and what is not modelled: `patterns/engines/vllm/moe.py`'s docstri
 """
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 from patterns.deepep import DEEPEP_MODES
 from patterns.layout import Layout
@@ -46,6 +47,8 @@ def sequence_parallel_moe(layout: Layout) -> bool:
 def notes(model: ModelConfig, layout: Layout, engine: str = "vllm") -> list[str]:
     """What a reader of a pattern must know about its DP and EP (pattern headers): never a
     silent TP-only answer to an expert-parallel question."""
+    if engine == "megatron" and model.is_moe:
+        return [_megatron_note(model, layout)]
     out = []
     if layout.dp > 1 and model.is_moe and not layout.ep and engine == "sglang":
         out.append(f"dp({layout.dp}) without --ep: SGLang's DP router, {layout.dp} "
@@ -74,8 +77,32 @@ def notes(model: ModelConfig, layout: Layout, engine: str = "vllm") -> list[str]
     return out
 
 
+def _megatron_note(model: ModelConfig, layout: Layout) -> str:
+    """Megatron's all-gather token dispatcher (patterns/engines/megatron/moe.py)."""
+    what = (f"{model.name} is a MoE model ({model.num_local_experts} experts, "
+            f"{len(model.moe_layers or ())} MoE layers): ")
+    if layout.ep:
+        group = f"the EP group of dp({layout.dp}) x tp({layout.tp}) = {layout.ep_size} ranks"
+    elif layout.tp > 1:
+        group = f"the TP group of {layout.tp}"
+    else:
+        return what + ("at tp 1 without --ep every rank holds every expert: no dispatch call "
+                       "(expert parallelism: --dp N --ep)")
+    replicas = (f"; dp({layout.dp}) without --ep: {layout.dp} replicas, each with its own "
+                "experts" if layout.dp > 1 and not layout.ep else "")
+    return what + (f"Megatron's all-gather dispatcher gathers each MoE layer's routing map, "
+                   f"probabilities and tokens over {group} and reduce-scatters the experts' "
+                   f"output{replicas}")
+
+
 def uneven_counts(rows: Sequence[int], width: int) -> tuple[int, ...] | None:
     """`Op.counts` for parts of `rows` rows of `width` elements: None when equal."""
+    return _counts(tuple(rows), width)
+
+
+@lru_cache(maxsize=4096)
+def _counts(rows: tuple[int, ...], width: int) -> tuple[int, ...] | None:
+    # a DP workload asks for the same rows' counts once a layer kind and call of each step
     return None if len(set(rows)) == 1 else tuple(r * width for r in rows)
 
 

@@ -40,6 +40,10 @@ DEVICE_TRANSPORTS = frozenset(Transport) - {Transport.GLOO}
 class Phase(StrEnum):
     PREFILL = "prefill"
     DECODE = "decode"
+    # vLLM's data-parallel MoE ranks after their last real step: dummy forwards until the
+    # wave ends at its 32-step sync (patterns/engines/vllm/dp_wave.py); shown, timed and
+    # priced apart from the inference's own steps.
+    WAVE_TAIL = "wave_tail"
 
 
 @dataclass(frozen=True)

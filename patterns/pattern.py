@@ -34,6 +34,9 @@ class EngineOptions:
     nccl_only: bool = False  # custom all-reduce and fusions off: every device call on NCCL
     model_runner: str | None = None  # vLLM V1's model runner v1 or v2; None: vLLM's default
     sp: bool = False  # Megatron sequence parallelism
+    # Megatron: the request asks for log-probs (SamplingParams.return_log_probs): the
+    # prefill's logits cover every prompt position, not only the last.
+    return_log_probs: bool = False
     max_num_seqs: int | None = None  # None: the engine's default
     # How MoE layers exchange tokens under --dp N (patterns/moe.py A2A_MODES): vLLM's
     # default all-gather + reduce-scatter, or DeepEP-style all-to-all (needs --ep).
@@ -54,6 +57,10 @@ class EngineOptions:
     kv_block_size: int | None = None
     # The device type of vLLM's tensors, which its PP metadata pickles: "cpu" in its CPU build.
     tensor_device: str = "cuda"
+    # vLLM's MoE DP ranks: the wave's tail after the last real step, dummy forwards to the
+    # 32-step sync (patterns/engines/vllm/dp_wave.py); False leaves it out (--no-wave-tail:
+    # the inference alone, as under traffic that keeps the wave running).
+    wave_tail: bool = True
 
     def __post_init__(self) -> None:
         if self.gpu not in GPUS:

@@ -9,6 +9,7 @@ from fractions import Fraction
 
 from patterns.ops import Op, OpKind
 from patterns.pattern import Pattern
+from patterns.tiled import weighted_ops
 
 
 def op_volume(op: Op) -> Fraction:
@@ -49,17 +50,34 @@ def _calls_in_deployment(op: Op, ranks_in_stage: int) -> Fraction:
 def _walk(pattern: Pattern) -> Iterator[tuple[Op, Fraction]]:
     """Every distinct op of every (DP rank, stage) with the calls of the deployment it
     stands for (equal ops are counted together: DP replicas repeat the same calls)."""
-    repeats: dict[Op, int] = {}
+    # Counted by object first (hashing an op hashes its every field; the same object recurs
+    # step after step), then by what its volume follows from (kind, group, sizes: the ops of
+    # every layer differ by tag alone), so the exact arithmetic runs once a kind of call.
+    by_object: dict[int, list] = {}
     # Without dp_stages every DP rank runs `stages`: walk them once, dp times over.
     replicas, times = ((pattern.dp_stages, 1) if pattern.dp_stages
                        else ((pattern.stages,), pattern.layout.dp))
     for replica in replicas:
         for runs in replica:
             for run in runs:
-                for op in run.step.ops:
-                    repeats[op] = repeats.get(op, 0) + run.repeat * times
+                count = run.repeat * times
+                # a tiled step's layers' copies, each counted with its layer's call
+                for op, n in weighted_ops(run.step.ops):
+                    seen = by_object.get(id(op))
+                    if seen is None:
+                        by_object[id(op)] = [op, count * n]
+                    else:
+                        seen[1] += count * n
+    repeats: dict[tuple, list] = {}
+    for op, count in by_object.values():
+        key = (op.kind, op.group, op.group_size, op.bytes, op.out_bytes)
+        seen = repeats.get(key)
+        if seen is None:
+            repeats[key] = [op, count]
+        else:
+            seen[1] += count
     ranks_in_stage = pattern.layout.tp
-    for op, repeat in repeats.items():
+    for op, repeat in repeats.values():
         yield op, _calls_in_deployment(op, ranks_in_stage) * repeat
 
 

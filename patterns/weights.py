@@ -22,17 +22,23 @@ final norm and LM head on the last (a tied LM head is the embedding only where b
 one stage); with EP the experts split whole over the EP group of dp x tp ranks; DP attention
 replicates everything else over the DP ranks. The figure is the heaviest rank's.
 
-Bytes: the serving dtype's, except where the checkpoint is quantized
-(config.json `quantization_config.quant_method`): fp8 (DeepSeek-V3) stores every linear
-layer of the decoder in 1 byte (embedding, LM head, norms and router stay in the dtype);
-mxfp4 (gpt-oss) stores the experts in 4.25 bits (4-bit values and one 8-bit scale per 32).
+Bytes: as the checkpoint stores each weight (`quantization_config`, read by
+patterns/quantization.py as vLLM loads it): each projection by its own module path, so the
+modules a config keeps in the dtype (Meta's 405B-FP8: attention and the first and last
+layers' MLP) stay there; scales counted (block fp8 4 B a 128 x 128 block, per-row 4 B a row,
+NVFP4 an fp8 byte every 16, mxfp4 one every 32, AWQ/GPTQ an fp16 scale and a packed zero a
+group); embedding, LM head, norms and router in the dtype.
 """
 
 from dataclasses import dataclass
+from functools import cache
 
 from patterns.dtypes import DTYPE_BYTES
+from patterns.errors import ConfigError
+from patterns.hybrid import check_hybrid_use
 from patterns.layout import Layout
 from patterns.models import ModelConfig
+from patterns.quantization import PRESET_SCHEMES, Format, QuantScheme
 from patterns.shapes import padded_vocab, stage_layer_counts
 
 MXFP4_BYTES = 4.25 / 8
@@ -42,9 +48,18 @@ MXFP4_BYTES = 4.25 / 8
 class LayerWeights:
     """One layer's parameters on one rank, by how they are stored."""
 
-    linear: float  # attention and dense-MLP matrices (fp8 in an fp8 checkpoint)
-    experts: float  # routed and shared experts (mxfp4 in an mxfp4 checkpoint; fp8 in fp8)
+    linear: float  # attention and dense-MLP matrices
+    experts: float  # routed and shared experts
     plain: float  # norms and router: always the dtype
+
+
+def scheme_of(model: ModelConfig) -> QuantScheme | None:
+    """The checkpoint's quantization (patterns/quantization.py); a preset's from its method.
+    A method the tool does not model is refused here, in its one line."""
+    scheme = model.quantization or PRESET_SCHEMES.get(model.weight_format)
+    if scheme is not None and scheme.refusal:
+        raise ConfigError(scheme.refusal)
+    return scheme
 
 
 def _mla(model: ModelConfig) -> bool:
@@ -55,27 +70,41 @@ def _head_dim(model: ModelConfig) -> int:
     return model.head_dim or model.hidden_size // model.num_attention_heads
 
 
-def _attention(model: ModelConfig, tp: int) -> float:
+def attention_parts(model: ModelConfig, tp: int) -> list[tuple[str, float, int]]:
+    """(projection, parameters on a rank of TP `tp`, its input width) of one layer's
+    attention, named as the checkpoint names them."""
     h, heads = model.hidden_size, model.num_attention_heads
     if _mla(model):
         qk = model.qk_nope_head_dim + model.qk_rope_head_dim
-        if model.q_lora_rank:
-            q = h * model.q_lora_rank + model.q_lora_rank * heads * qk / tp
-        else:
-            q = h * heads * qk / tp
-        kv_a = h * (model.kv_lora_rank + model.qk_rope_head_dim)
-        kv_b = model.kv_lora_rank * heads * (model.qk_nope_head_dim + model.v_head_dim) / tp
-        o = heads * model.v_head_dim * h / tp
-        return q + kv_a + kv_b + o
+        q = ([("q_a_proj", h * model.q_lora_rank, h),
+              ("q_b_proj", model.q_lora_rank * heads * qk / tp, model.q_lora_rank)]
+             if model.q_lora_rank else [("q_proj", h * heads * qk / tp, h)])
+        return [*q, ("kv_a_proj_with_mqa", h * (model.kv_lora_rank + model.qk_rope_head_dim), h),
+                ("kv_b_proj", model.kv_lora_rank * heads * (model.qk_nope_head_dim
+                                                            + model.v_head_dim) / tp,
+                 model.kv_lora_rank),
+                ("o_proj", heads * model.v_head_dim * h / tp, heads * model.v_head_dim // tp)]
     d = _head_dim(model)
     kv_heads = max(model.num_key_value_heads // tp, 1)  # replicated below one head a rank
-    return 2 * h * heads * d / tp + 2 * h * kv_heads * d
+    return [("q_proj", h * heads * d / tp, h), ("k_proj", h * kv_heads * d, h),
+            ("v_proj", h * kv_heads * d, h), ("o_proj", heads * d * h / tp, heads * d // tp)]
+
+
+def _attention(model: ModelConfig, tp: int) -> float:
+    return sum(params for _, params, _ in attention_parts(model, tp))
 
 
 def _mla_norms(model: ModelConfig) -> int:
     if not _mla(model):
         return 0
     return model.kv_lora_rank + model.q_lora_rank
+
+
+def _routed_per_rank(model: ModelConfig, tp: int, ep_size: int) -> float:
+    """The routed experts one rank holds: with EP whole experts (the most a rank gets),
+    without each expert split over TP."""
+    experts = model.num_local_experts
+    return -(-experts // ep_size) if ep_size > 1 else experts / tp
 
 
 def layer_weights(model: ModelConfig, layer: int, tp: int, ep_size: int) -> LayerWeights:
@@ -87,29 +116,68 @@ def layer_weights(model: ModelConfig, layer: int, tp: int, ep_size: int) -> Laye
         return LayerWeights(_attention(model, tp) + 3 * h * model.intermediate_size / tp, 0.0,
                             plain)
     inter = model.moe_intermediate_size or model.intermediate_size
-    experts = model.num_local_experts
-    # With EP whole experts, the most one rank holds; without, each expert split over TP.
-    per_rank = -(-experts // ep_size) if ep_size > 1 else experts / tp
-    routed = per_rank * 3 * h * inter
+    routed = _routed_per_rank(model, tp, ep_size) * 3 * h * inter
     shared = 3 * h * model.shared_expert_intermediate_size / tp
-    return LayerWeights(_attention(model, tp), routed + shared, plain + h * experts)
+    return LayerWeights(_attention(model, tp), routed + shared,
+                        plain + h * model.num_local_experts)
 
 
-def _bytes(model: ModelConfig, weights: LayerWeights, dtype_bytes: float) -> float:
-    linear = 1.0 if model.weight_format == "fp8" else dtype_bytes
-    expert = {"fp8": 1.0, "mxfp4": MXFP4_BYTES}.get(model.weight_format, dtype_bytes)
-    return weights.linear * linear + weights.experts * expert + weights.plain * dtype_bytes
+def _mlp_prefix(model: ModelConfig, layer: int) -> str:
+    block = "feed_forward" if model.model_type.startswith("llama4") else "mlp"
+    return f"model.layers.{layer}.{block}"
+
+
+def _bpp(fmt: Format | None, row: int, dtype_bytes: float) -> float:
+    return dtype_bytes if fmt is None else fmt.bytes_per_param(row)
+
+
+@cache
+def layer_bytes(model: ModelConfig, layer: int, tp: int, ep_size: int,
+                dtype_bytes: float) -> tuple[float, float]:
+    """(every weight but the routed experts, the routed experts) of layer `layer` on one
+    rank, in bytes as the checkpoint stores them (patterns/quantization.py: each projection
+    by its own module path, scales counted; norms and router in the dtype)."""
+    scheme, h = scheme_of(model), model.hidden_size
+    if scheme is None:
+        w = layer_weights(model, layer, tp, ep_size)
+        routed = (_routed_per_rank(model, tp, ep_size) * 3 * h * (
+            model.moe_intermediate_size or model.intermediate_size)
+            if model.is_moe_layer(layer) else 0.0)
+        return (w.linear + w.experts - routed + w.plain) * dtype_bytes, routed * dtype_bytes
+    prefix, mlp = f"model.layers.{layer}.self_attn", _mlp_prefix(model, layer)
+    dense = sum(params * _bpp(scheme.format_of(f"{prefix}.{name}"), row, dtype_bytes)
+                for name, params, row in attention_parts(model, tp))
+    dense += (2 * h + _mla_norms(model)) * dtype_bytes
+    if not model.is_moe_layer(layer):
+        inter = model.intermediate_size
+        dense += sum(h * inter / tp * _bpp(scheme.format_of(f"{mlp}.{name}"), row,
+                                              dtype_bytes)
+                     for name, row in (("gate_proj", h), ("up_proj", h),
+                                       ("down_proj", inter // tp)))
+        return dense, 0.0
+    inter = model.moe_intermediate_size or model.intermediate_size
+    shared_name = "shared_expert" if model.model_type.startswith("qwen2_moe") else "shared_experts"
+    shared = model.shared_expert_intermediate_size
+    dense += sum(h * shared / tp * _bpp(scheme.format_of(f"{mlp}.{shared_name}.{name}"), row,
+                                         dtype_bytes)
+                 for name, row in (("gate_proj", h), ("up_proj", h),
+                                   ("down_proj", shared // tp or 1))) if shared else 0.0
+    dense += h * model.num_local_experts * dtype_bytes  # router
+    routed = (_routed_per_rank(model, tp, ep_size) * 3 * h * inter
+              * _bpp(scheme.format_of(f"{mlp}.experts", experts=True), h, dtype_bytes))
+    return dense, routed
 
 
 def stage_bytes(model: ModelConfig, layout: Layout, dtype: str) -> list[float]:
     """Each pipeline stage's weight bytes on one of its ranks."""
+    check_hybrid_use(model.name, model.hybrid, None, "a rank's memory (weights, KV cache)")
     dtype_bytes = DTYPE_BYTES[dtype]
     tp, pp = layout.tp, layout.pp
     ep_size = layout.dp * tp if layout.ep else 1
     vocab_rows = padded_vocab(model.vocab_size) * model.hidden_size / tp
     out, first = [], 0
     for stage, count in enumerate(stage_layer_counts(model.num_hidden_layers, pp)):
-        total = sum(_bytes(model, layer_weights(model, layer, tp, ep_size), dtype_bytes)
+        total = sum(sum(layer_bytes(model, layer, tp, ep_size, dtype_bytes))
                     for layer in range(first, first + count))
         first += count
         if stage == 0:
@@ -124,6 +192,7 @@ def stage_bytes(model: ModelConfig, layout: Layout, dtype: str) -> list[float]:
 
 def kv_bytes_per_token_layer(model: ModelConfig, tp: int, dtype: str) -> int:
     """One token's cache in one layer on one rank of a TP group of `tp`."""
+    check_hybrid_use(model.name, model.hybrid, None, "a rank's memory (weights, KV cache)")
     if _mla(model):
         return (model.kv_lora_rank + model.qk_rope_head_dim) * DTYPE_BYTES[dtype]
     kv_heads = max(model.num_key_value_heads // tp, 1)

@@ -53,6 +53,10 @@ BATCH_CHUNKED = Workload("batch-chunked", ((12, 3),) * 2, as_batch=True)
 # (the engine keeps its cache across workloads; the others' request 0 is 1, 2, 3...)
 SHARED_PREFIX = Workload("shared-prefix", ((200, 2),) * 2, ids=tuple(range(200, 0, -1)))
 
+# 3 layers by hybrid_override_pattern: 8 Mamba heads of 16 (intermediate 128), one group
+NEMOTRON_H = dict(hybrid_override_pattern="M*-", mamba_num_heads=8, mamba_head_dim=16,
+                  n_groups=1, ssm_state_size=16)
+
 CASES: dict[str, Case] = {
     "dense-tp2": Case("dense", dict(tensor_parallel_size=2, **SCHEDULED),
                       (ONE, *WORKLOADS, BATCH_CHUNKED, SHARED_PREFIX)),
@@ -86,6 +90,11 @@ CASES: dict[str, Case] = {
     # 4 workers on 2 cores: two a core
     "dense-tp4": Case("dense", dict(tensor_parallel_size=4, **SCHEDULED), (ONE,),
                       bind="0|0|1|1"),
+    # Nemotron-H, a Mamba-2 hybrid: Mamba-2, attention and MLP layers (the CPU build has no
+    # kernel for its non-gated relu2 experts, so no E layer); n_groups 1, so each Mamba layer
+    # also all-reduces its gated norm's [T, 1] fp32 sums (tests/test_real_engine_hybrid.py)
+    "nemotron-h-tp2": Case("nemotron_h", dict(tensor_parallel_size=2, **SCHEDULED),
+                           (ONE, WORKLOADS[0]), config=NEMOTRON_H),
     # PP2 x TP2, 4 workers on 2 cores: with shared memory (AVX-512) the CPU build sends a
     # stage's tensors whole; without (AVX2) the metadata and TP slices, as on GPUs.
     # `long-prompt`: a prefill of 300 tokens in one step (the CPU build's budget, 4096), whose
@@ -170,3 +179,13 @@ PROBES: dict[str, Case] = {
 # 2 blocks of 128; decode TP2 reads half the KV heads from the one prefill rank.
 NIXL_CASES: dict[str, tuple[int, int, int, int]] = {"nixl-tp1-tp2": (1, 2, 200, 3),
                                                     "nixl-tp2-tp1": (2, 1, 200, 3)}
+
+
+# Data-parallel serving (scripts/vllm_cpu_dp.py, `vllm serve --data-parallel-size`): what the
+# CPU build runs is a dense model's DP ranks, independent engines. Two prompts in one
+# request, one to each engine (least-loaded); max_num_batched_tokens 16 chunks the first.
+DP_CASES: dict[str, dict] = {
+    "dense-dp2-tp2": {"dp": 2, "tp": 2, "workload": "one-each",
+                      "requests": ((40, 3), (6, 3)),
+                      "limits": {"max_num_batched_tokens": 16, "max_num_seqs": 2}},
+}

@@ -43,6 +43,7 @@ import vllm_cpu_isa as isa
 from vllm_cpu_cases import (  # beside this script, on sys.path
     CASES,
     COMMON,
+    DP_CASES,
     HIDDEN,
     NIXL_CASES,
     PROBES,
@@ -80,6 +81,28 @@ def serve_nixl(name: str, out: Path, check: bool) -> int:
     return status
 
 
+def serve_dp(name: str, out: Path, check: bool) -> int:
+    """A DP case served by `vllm serve` (vllm_cpu_dp.py), validated as the others."""
+    import vllm_cpu_dp
+    start = time.monotonic()
+    write_model("dense", out / "model")
+    doc = {"case": name, **vllm_cpu_dp.serve_dp(DP_CASES[name], out / "model", out)}
+    status = 0
+    for workload, entry in doc["workloads"].items():
+        if check:
+            proc = subprocess.run([sys.executable, "-m", "microbench", *entry["validate"]],
+                                  cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                                  capture_output=True, text=True, check=False)
+            print(f"== {workload}\n{proc.stdout}{proc.stderr}", end="")
+            entry["exit"] = proc.returncode
+            status = max(status, proc.returncode)
+    doc["seconds"] = round(time.monotonic() - start, 1)
+    (out / "oracle.json").write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps({"case": name, "out": str(out), "serve_s": doc["serve_s"],
+                      "seconds": doc["seconds"]}, separators=(",", ":")))
+    return status
+
+
 # Each kind's transformers config and its keys beyond COMMON ("dense", "zero-head": Llama).
 MOE = dict(moe_intermediate_size=64, num_experts_per_tok=2)
 KINDS: dict[str, tuple[str, dict]] = {
@@ -96,6 +119,7 @@ KINDS: dict[str, tuple[str, dict]] = {
                                         shared_expert_intermediate_size=128)),
     "mixtral": ("MixtralConfig", dict(num_local_experts=8, num_experts_per_tok=2)),
     "gemma3": ("Gemma3TextConfig", {}),
+    "nemotron_h": ("NemotronHConfig", {}),  # its layers: the case's config (vllm_cpu_cases.py)
 }
 
 
@@ -239,7 +263,7 @@ def isa_record(doc: dict, asked: str, cpu_avx512: bool, library: str | None,
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("case", choices=sorted([*CASES, *PROBES, *NIXL_CASES]))
+    parser.add_argument("case", choices=sorted([*CASES, *PROBES, *NIXL_CASES, *DP_CASES]))
     parser.add_argument("--out", type=Path, required=True,
                         help="a folder that does not exist yet")
     parser.add_argument("--no-validate", action="store_true",
@@ -258,6 +282,8 @@ def main() -> int:
                   "this CPU's own kernel library: drop --isa", file=sys.stderr)
             return 2
         return serve_nixl(args.case, args.out, not args.no_validate)
+    if args.case in DP_CASES:  # vllm serve --data-parallel-size: vllm_cpu_dp.py
+        return serve_dp(args.case, args.out, not args.no_validate)
     case = {**CASES, **PROBES}[args.case]
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", case.bind)
     start = time.monotonic()

@@ -66,6 +66,25 @@ def pytest_report_header(config):
     return None
 
 
+GPU_REQUIRED_ENV = "INFERCOMM_GPU_REQUIRED"  # set by `make test-gpu`
+
+
+def pytest_configure(config):
+    """`make test-gpu` on a node where torch sees no GPU (a CPU build of torch) would pass
+    with every gpu test skipped, and on the stand-ins it would pass on no GPU at all: both
+    refused before any test runs."""
+    if os.environ.get(GPU_REQUIRED_ENV) != "1":
+        return
+    if gpu_standin.enabled():
+        raise pytest.UsageError(f"make test-gpu: {gpu_standin.ENV}=1 puts the test suite's "
+                                "stand-ins in place of the GPUs; unset it (make "
+                                "test-gpu-standin runs the stand-ins)")
+    if _cuda_devices() == 0:
+        raise pytest.UsageError("make test-gpu: torch sees no GPU (a CPU build of torch, or "
+                                "a step without GPUs), so every gpu test would skip; install "
+                                "a CUDA build of torch (docs/gpu.md)")
+
+
 def pytest_collection_modifyitems(config, items):
     """gpu-marked tests skip on machines without CUDA, unless the stand-ins are on."""
     gpu_items = [item for item in items if "gpu" in item.keywords]

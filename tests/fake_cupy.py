@@ -29,6 +29,7 @@ section 6):
 """
 
 import importlib.machinery
+import os
 import types
 from functools import partial
 
@@ -49,23 +50,38 @@ from tests.fake_cupy_cuda import (  # noqa: F401  (names the tests use)
 from tests.fake_cupy_nccl import (  # noqa: F401
     NCCL_PYX_SIGNATURES,
     NCCL_PYX_SIGNATURES_13,
+    REDUCTIONS,
     Communicator,
     NcclError,
     group_end,
     group_start,
 )
 
+NVRTC_ENV = "INFERCOMM_GPU_STANDIN_NVRTC"  # "0": a node whose CuPy finds no libnvrtc
 
-def make_modules(version: str = "14.2.0", devices: int = 1) -> dict[str, types.ModuleType]:
-    """sys.modules entries for cupy, cupy.cuda and cupy.cuda.nccl, on `devices` GPUs."""
+
+def _nvrtc_version() -> tuple[int, int]:
+    """cupy.cuda.nvrtc.getVersion(); without NVRTC, what CuPy says when libnvrtc does not
+    load (the cupy-cuda12x wheel does not bring it; its `ctk` extra does)."""
+    if os.environ.get(NVRTC_ENV) == "0":
+        raise RuntimeError("CuPy failed to load libnvrtc.so.12: OSError: libnvrtc.so.12: "
+                           "cannot open shared object file: No such file or directory")
+    return 12, 4
+
+
+def make_modules(version: str = "14.2.0", devices: int = 1,
+                 wire: bool | None = None) -> dict[str, types.ModuleType]:
+    """sys.modules entries for cupy, cupy.cuda and cupy.cuda.nccl, on `devices` GPUs; `wire`
+    (default: more than one GPU) makes unique ids that communicators of several processes
+    meet by (tests/fake_nccl_wire.py), which a node of one GPU each needs too."""
     nccl = types.ModuleType("cupy.cuda.nccl")
     nccl.available = True
-    for name, value in dict(NCCL_SUM=0, NCCL_UINT8=1, NCCL_INT32=2, NCCL_INT64=4,
+    for name, value in dict(**REDUCTIONS, NCCL_UINT8=1, NCCL_INT32=2, NCCL_INT64=4,
                             NCCL_FLOAT16=6, NCCL_FLOAT32=7, NCCL_BFLOAT16=9).items():
         setattr(nccl, name, value)
     nccl.NcclCommunicator, nccl.NcclError = Communicator, NcclError
-    nccl.get_unique_id = (lambda: bytes(range(128))) if devices == 1 else \
-        fake_nccl_wire.unique_id
+    wired = devices > 1 if wire is None else wire
+    nccl.get_unique_id = fake_nccl_wire.unique_id if wired else (lambda: bytes(range(128)))
     nccl.get_version = lambda: 22703
     nccl.groupStart, nccl.groupEnd = group_start, group_end
 
@@ -84,6 +100,7 @@ def make_modules(version: str = "14.2.0", devices: int = 1) -> dict[str, types.M
         runtimeGetVersion=lambda: 12040, driverGetVersion=lambda: 12080)
     cuda = types.ModuleType("cupy.cuda")
     cuda.nccl, cuda.runtime, cuda.Stream, cuda.Event = nccl, runtime, Stream, Event
+    cuda.nvrtc = types.SimpleNamespace(getVersion=_nvrtc_version)
     cuda.Device = partial(_Device, devices)
     cuda.get_elapsed_time = get_elapsed_time
     cupy = types.ModuleType("cupy")

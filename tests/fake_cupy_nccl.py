@@ -1,6 +1,13 @@
 """The NCCL side of the stand-in CuPy (tests/fake_cupy.py): NcclCommunicator with the
 parameter names of CuPy's nccl.pyx, groups of sends and receives, and NcclError. A world of
-one copies; a world of several ranks moves the bytes over gloo (tests/fake_nccl_wire.py)."""
+one copies; a world of several ranks moves the bytes over gloo (tests/fake_nccl_wire.py).
+
+The reduction op of allReduce, reduce and reduceScatter is NCCL's ncclRedOp_t, as CuPy's
+nccl.pxd numbers it (NCCL_SUM 0, NCCL_PROD 1, NCCL_MAX 2, NCCL_MIN 3, NCCL_AVG 4;
+cupy_backends/cuda/libs/nccl.pxd @ 8f4c987d) and each is computed as named: a backend that
+passes the wrong op gets a wrong result that --check sees. Any other value is refused as
+NCCL's ArgsCheck refuses it ("invalid reduction operation", or "unknown to this
+communicator" for one no ncclRedOpCreatePreMulSum made: src/misc/argcheck.cc @ 0f900e1b)."""
 
 import ctypes
 import weakref
@@ -11,6 +18,7 @@ from tests import fake_nccl_wire
 from tests.fake_cupy_cuda import Graph, _check_live, _copy, _on, _refuse_in_capture, state
 
 _SIZES = {0: 1, 1: 1, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2}  # ncclDataType_t bytes
+REDUCTIONS = {"NCCL_SUM": 0, "NCCL_PROD": 1, "NCCL_MAX": 2, "NCCL_MIN": 3, "NCCL_AVG": 4}
 
 # The parameters (after self) of CuPy's NcclCommunicator, as cupy_backends/cuda/libs/nccl.pyx
 # declares them at v14.2.0 (cupy/cupy @ dc1552a3; `bytes commId`, and an optional NcclConfig).
@@ -59,16 +67,20 @@ class Communicator:
         return id(self)
 
     def _log(self, name: str, count: int, datatype: int, root: int = 0, send: int = 0,
-             recv: int = 0, stream: int = 0) -> None:
+             recv: int = 0, stream: int = 0, op: int = 0) -> None:
         assert Communicator.log is not None
         Communicator.log.call(name, id(self), self.ndev, state.device, count, datatype,
-                              root, send, recv, stream)
+                              root, send, recv, stream, op)
 
     def _collective(self, name: str, send: int, recv: int, count: int, datatype: int,
-                    stream: int, root: int = 0) -> None:
+                    stream: int, root: int = 0, op: int | None = None) -> None:
         """One collective; `count` is the input's elements (the output's for allgather's
-        input is count, its output count x ndev)."""
+        input is count, its output count x ndev); `op` the reduction of a reducing one."""
         assert not self.destroyed, f"{name} on a destroyed communicator"
+        if op is not None and op not in REDUCTIONS.values():
+            raise NcclError(f"NCCL_ERROR_INVALID_ARGUMENT: {name} : invalid reduction "
+                            f"operation {op} (ncclRedOp_t 0-4, or one made by "
+                            "ncclRedOpCreatePreMulSum)")
         size = _SIZES[datatype]
         out_count = count * self.ndev if name == "AllGather" else (
             count // self.ndev if name == "ReduceScatter" else count)
@@ -77,8 +89,8 @@ class Communicator:
         def run() -> None:
             _check_live(send, in_count * size)
             self._log(name, out_count if name == "ReduceScatter" else count, datatype, root,
-                      send, recv, stream)
-            if self.wire is None:
+                      send, recv, stream, op or 0)
+            if self.wire is None:  # any reduction over one rank is its input
                 _copy(recv, send, min(in_count, out_count) * size)()
                 return
             _check_live(recv, out_count * size)
@@ -90,8 +102,8 @@ class Communicator:
                 return
             if name == "Broadcast":
                 self.wire.broadcast(tensor, root)
-            else:  # AllReduce, Reduce, ReduceScatter: the sum everywhere, kept where due
-                self.wire.allreduce(tensor)
+            else:  # AllReduce, Reduce, ReduceScatter: reduced everywhere, kept where due
+                self.wire.allreduce(tensor, op or 0)
             if name == "Reduce" and self.rank != root:
                 return
             if name == "ReduceScatter":
@@ -102,7 +114,7 @@ class Communicator:
     def allReduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int,
                   stream: int) -> None:
         Communicator.calls += 1
-        self._collective("AllReduce", sendbuf, recvbuf, count, datatype, stream)
+        self._collective("AllReduce", sendbuf, recvbuf, count, datatype, stream, op=op)
 
     def allGather(self, sendbuf: int, recvbuf: int, count: int, datatype: int,
                   stream: int) -> None:
@@ -111,7 +123,7 @@ class Communicator:
     def reduceScatter(self, sendbuf: int, recvbuf: int, recvcount: int, datatype: int,
                       op: int, stream: int) -> None:
         self._collective("ReduceScatter", sendbuf, recvbuf, recvcount * self.ndev, datatype,
-                         stream)
+                         stream, op=op)
 
     def broadcast(self, sendbuff: int, recvbuff: int, count: int, datatype: int, root: int,
                   stream: int) -> None:
@@ -121,7 +133,7 @@ class Communicator:
     def reduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int,
                root: int, stream: int) -> None:
         assert 0 <= root < self.ndev
-        self._collective("Reduce", sendbuf, recvbuf, count, datatype, stream, root)
+        self._collective("Reduce", sendbuf, recvbuf, count, datatype, stream, root, op=op)
 
     def _p2p(self, kind: str, ptr: int, count: int, datatype: int, peer: int,
              stream: int) -> None:

@@ -76,8 +76,22 @@ class Wire:
         """ncclCommDestroy: the gloo group and its store connection go now, not at exit."""
         self.pg, self._store = None, None
 
-    def allreduce(self, data: Any) -> None:
-        self.pg.allreduce([data]).wait()
+    def allreduce(self, data: Any, op: int = 0) -> None:
+        """ncclRedOp_t `op` (0 sum, 1 prod, 2 max, 3 min, 4 avg) over the ranks, in place.
+        gloo has no average: NCCL's ncclAvg is the sum divided by the rank count (integers
+        truncated, as C divides them)."""
+        import torch
+        import torch.distributed as dist
+        gloo = {0: dist.ReduceOp.SUM, 1: dist.ReduceOp.PRODUCT, 2: dist.ReduceOp.MAX,
+                3: dist.ReduceOp.MIN, 4: dist.ReduceOp.SUM}[op]
+        options = dist.AllreduceOptions()
+        options.reduceOp = gloo
+        self.pg.allreduce([data], options).wait()
+        if op == 4:
+            if data.is_floating_point():
+                data.div_(self.size)
+            else:
+                data.copy_(torch.div(data, self.size, rounding_mode="trunc"))
 
     def allgather(self, out: Any, data: Any) -> None:
         parts = list(out.chunk(self.size))
@@ -128,11 +142,12 @@ class NcclLog:
                                 f"cudaDev {device} nvmlDev {device} - Init COMPLETE")
 
     def call(self, name: str, comm: int, nranks: int, device: int, count: int, datatype: int,
-             root: int = 0, send: int = 0, recv: int = 0, stream: int = 0) -> None:
+             root: int = 0, send: int = 0, recv: int = 0, stream: int = 0,
+             op: int = 0) -> None:
         if not self.coll:
             return
         n = self.op_count.get(comm, 0)
         self.op_count[comm] = n + 1
         self._write(device, f"{name}: opCount {n:x} sendbuff {send:#x} recvbuff {recv:#x} "
-                            f"count {count} datatype {datatype} op 0 root {root} comm {comm:#x}"
+                            f"count {count} datatype {datatype} op {op} root {root} comm {comm:#x}"
                             f" [nranks={nranks}] stream {stream:#x}")

@@ -87,7 +87,7 @@ class FakeCuda:
 
     def get_device_name(self, device: Any = None) -> str:
         self._need_device("get_device_name()")
-        return "Fake H100"
+        return "Stand-in GPU (tests/fake_torch_cuda.py)"
 
     def synchronize(self) -> None:
         self.calls.append(("synchronize", self._need_device("synchronize()")))

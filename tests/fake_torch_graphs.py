@@ -239,7 +239,11 @@ def install(torch: Any, cuda: Any) -> None:
 
 
 def _on_this_device(make: Callable[..., Any], cuda: Any, torch: Any) -> Callable[..., Any]:
-    """torch.zeros(..., device='cuda[:i]'): a host tensor, refused off this rank's GPU."""
+    """torch.zeros(..., device='cuda[:i]'): host memory that stands for device memory
+    (tests/fake_device_memory.py: no MPI that is not CUDA-aware may be handed it), refused
+    off this rank's GPU."""
+    from tests.fake_device_memory import on_device as as_device_memory
+
     def on_device(*args: Any, device: Any = None, **kwargs: Any) -> Any:
         if device is not None and torch.device(device).type == "cuda":
             index = torch.device(device).index
@@ -247,7 +251,7 @@ def _on_this_device(make: Callable[..., Any], cuda: Any, torch: Any) -> Callable
             if index is not None and index != current:
                 raise AssertionError(f"a tensor on GPU {index} made by the rank of GPU "
                                      f"{current}")
-            device = "cpu"
+            return as_device_memory(make(*args, device="cpu", **kwargs))
         return make(*args, device=device, **kwargs)
     return on_device
 

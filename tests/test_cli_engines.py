@@ -22,7 +22,8 @@ def test_engines_lists_every_profile_with_its_source(cli):
     rows = {r["name"]: r for r in last_json(json_out)["engines"]}
     assert set(rows) == set(ENGINES) == {"vllm", "vllm-v0", "sglang", "trtllm", "megatron"}
     assert "c8109375" in rows["vllm"]["source"] and "8905cbd4" in rows["sglang"]["source"]
-    assert "--model-runner" in rows["vllm"]["options"] and rows["megatron"]["options"] == ["--sp"]
+    assert "--model-runner" in rows["vllm"]["options"] and rows["megatron"]["options"] == [
+        "--sp", "--return-log-probs"]
     assert all(r["not_modelled"] and r["version"] for r in rows.values())
     table = out.splitlines()
     assert table[0].split() == ["engine", "follows", "version", "options"]
@@ -74,8 +75,11 @@ def test_moe_without_ep_says_so(cli):
 
 @pytest.mark.parametrize("args, message", [
     (["--engine", "vllm", "--sp"], "--sp does not apply to engine vllm; it applies to megatron"),
-    (["--engine", "megatron", "--sp", "--tp", "2", "--prompt", "13", "--decode", "1"],
-     "the prefill's T(13) tokens per sequence is not divisible by tp(2)"),
+    (["--engine", "megatron", "--sp", "--tp", "2", "--prompt", "128", "--decode", "4"],
+     "--sp: Megatron's static engine refuses sequence parallelism for the dense model "
+     "llama-3.1-8b"),
+    (["--engine", "vllm", "--return-log-probs"],
+     "--return-log-probs does not apply to engine vllm; it applies to megatron"),
     (["--gpu", "v100"], "argument --gpu: invalid choice: 'v100'"),
 ])
 def test_bad_engine_options_are_one_line(cli, args, message):
@@ -83,6 +87,41 @@ def test_bad_engine_options_are_one_line(cli, args, message):
     status, out, err = cli(*argv)
     assert status == 2 and out == "" and len(err.strip().splitlines()) >= 1
     assert message in err
+
+
+def test_megatron_pattern_gathers_the_last_position_and_broadcasts_logits(cli):
+    # megatron-core 0.19.2 static engine (patterns/engines/megatron/profile.py): Llama-3.1-8B
+    # TP2 x PP2, prompt 128, decode 4 = 1 prefill + 3 decode steps. V 128256 = 256 * 501 needs
+    # no padding at TP2: the prefill gathers [1, 1, 64128] (the last position, not 128), and
+    # both stages take the broadcast of the logits [1, 1, 128256] in every step: 1 + 3.
+    status, out, _ = cli("pattern", "--engine", "megatron", "--model", "llama-3.1-8b", "--tp",
+                         "2", "--pp", "2", "--prompt", "128", "--decode", "4", "--format",
+                         "json")
+    assert status == 0
+    rows = [(r["phase"], r["stage"], r["op"], r["group"], r["shape"], r["count"])
+            for r in last_json(out)["rows"] if r["op"] in ("allgather", "broadcast")]
+    assert rows == [("prefill", 0, "broadcast", "pp", [1, 1, 128256], 1),
+                    ("prefill", 1, "allgather", "tp", [1, 1, 64128], 1),
+                    ("prefill", 1, "broadcast", "pp", [1, 1, 128256], 1),
+                    ("decode", 0, "broadcast", "pp", [1, 1, 128256], 3),
+                    ("decode", 1, "allgather", "tp", [1, 1, 64128], 3),
+                    ("decode", 1, "broadcast", "pp", [1, 1, 128256], 3)]
+
+
+def test_megatron_sp_is_refused_in_one_line(cli):
+    status, out, err = cli("pattern", "--engine", "megatron", "--model", "llama-3.1-8b",
+                           "--tp", "2", "--prompt", "128", "--decode", "1", "--sp")
+    assert (status, out) == (2, "") and len(err.strip().splitlines()) == 1
+    assert "refuses sequence parallelism for the dense model llama-3.1-8b" in err
+
+
+def test_engines_names_the_megatron_engine_and_version(cli):
+    status, out, _ = cli("engines", "--format", "json")
+    assert status == 0
+    row = next(r for r in last_json(out)["engines"] if r["name"] == "megatron")
+    assert row["version"] == "megatron-core 0.19.2"
+    assert "StaticInferenceEngine, legacy=True" in row["engine"]
+    assert any(item.startswith("the dynamic inference engine") for item in row["not_modelled"])
 
 
 def test_engine_transport_line():

@@ -274,7 +274,9 @@ def test_trtllm_tp_and_unsliced_pp(model):
     assert c1[("allreduce", "tp", (100, 4096), (100, 4096), "bf16", NCCL)] == layers
 
 
-# --- Megatron (patterns/engines/megatron.py) --------------------------------------------
+# --- Megatron (patterns/engines/megatron/profile.py) --------------------------------------
+# megatron-core 0.19.2, core/inference/text_generation_controllers/text_generation_controller.py
+# (generate_all_output_tokens_static_batch) and core/models/gpt/gpt_model.py 739-745.
 
 @pytest.mark.parametrize("model", MODELS)
 def test_megatron_tp_pp(model):
@@ -287,44 +289,49 @@ def test_megatron_tp_pp(model):
     (_, _, pre), (_, _, dec) = run_steps(p, 0)
     assert calls(pre) == {
         ("allreduce", "tp", (100, 1, 4096), (100, 1, 4096), "bf16", NCCL): 1 + 2 * layers,
-        # static prefill gathers the logits of all s = 100 positions
-        ("allgather", "tp", (100, 1, padded // 2), (100, 1, padded), "bf16", NCCL): 1}
+        # the static prefill cuts the hidden states to the last position (gpt_model.py
+        # 744-745): the logits all-gather carries [1, b, V/tp], not all s = 100 positions
+        ("allgather", "tp", (1, 1, padded // 2), (1, 1, padded), "bf16", NCCL): 1}
     assert calls(dec)[("allgather", "tp", (1, 1, padded // 2), (1, 1, padded), "bf16",
                        NCCL)] == 1
-    # PP2: one [s, b, h] tensor per boundary.
+    # PP2: one [s, b, h] tensor per boundary, then the logits [b, 1, V] broadcast from the
+    # last stage over the PP group (controller lines 3569-3582), every stage, every step. At
+    # TP1 V pads to a multiple of 128: 128256 = 128 * 1002 and 151936 = 128 * 1187, unpadded.
     p = steps("megatron", model, pp=2)
-    assert calls(p.stages[0][0].step) == {("send", "pp", (100, 1, 4096), (100, 1, 4096),
-                                           "bf16", NCCL): 1}
-    assert vocab > 0
+    bcast = ("broadcast", "pp", (1, 1, vocab), (1, 1, vocab), "bf16", NCCL)
+    for stage, p2p in ((0, "send"), (1, "recv")):
+        for _, _, step in run_steps(p, stage):
+            shape = (step.tokens, 1, 4096)
+            assert calls(step) == {(p2p, "pp", shape, shape, "bf16", NCCL): 1, bcast: 1}
+            assert step.ops[-1].root == 1  # the last stage's rank in the PP group
 
 
-def test_megatron_sequence_parallel_counts():
-    # SP, Llama-3.1-8B TP2, prompt 128, prefill only: embedding 1 RS; per layer AG (QKV),
-    # RS (proj), AG (FC1), RS (FC2); AG before the output layer; the logits AG.
-    # RS = 2*32 + 1 = 65 of [128,1,h] -> [64,1,h]; AG = 2*32 + 1 = 65 of [64,1,h] -> [128,1,h]
-    # plus 1 logits all-gather: 2L + 2 = 66 all-gathers.
-    p = steps("megatron", "llama-3.1-8b", tp=2, prompt=128, decode=1, sp=True)
-    c = calls(p.stages[0][0].step)
-    assert c == {
-        ("reducescatter", "tp", (128, 1, 4096), (64, 1, 4096), "bf16", NCCL): 65,
-        ("allgather", "tp", (64, 1, 4096), (128, 1, 4096), "bf16", NCCL): 65,
-        ("allgather", "tp", (128, 1, 64128), (128, 1, 128256), "bf16", NCCL): 1}
-    # TP2 x PP2: the boundary tensor stays scattered, [s/tp, b, h].
-    p = steps("megatron", "llama-3.1-8b", tp=2, pp=2, prompt=128, decode=1, sp=True)
-    c0, c1 = calls(p.stages[0][0].step), calls(p.stages[1][0].step)
-    assert c0[("send", "pp", (64, 1, 4096), (64, 1, 4096), "bf16", NCCL)] == 1
-    assert c0[("reducescatter", "tp", (128, 1, 4096), (64, 1, 4096), "bf16", NCCL)] == 33
-    assert c1[("recv", "pp", (64, 1, 4096), (64, 1, 4096), "bf16", NCCL)] == 1
-    assert c1[("allgather", "tp", (64, 1, 4096), (128, 1, 4096), "bf16", NCCL)] == 33
+def test_megatron_return_log_probs_gathers_every_prompt_position():
+    # return_log_probs: materialize_only_last_token_logits is False in the prefill
+    # (controller lines 3546-3553): the prefill gathers [s, b, V/tp] and, at PP2, broadcasts
+    # [b, s, V]; decode steps still carry one position. Llama-3.1-8B TP2 x PP2, prompt 128,
+    # batch 2: gather [128, 2, 64128] -> [128, 2, 128256]; broadcast [2, 128, 128256].
+    p = steps("megatron", "llama-3.1-8b", tp=2, pp=2, prompt=128, decode=4, batch=2,
+              return_log_probs=True)
+    (_, _, pre), (_, repeat, dec) = run_steps(p, 1)
+    assert calls(pre)[("allgather", "tp", (128, 2, 64128), (128, 2, 128256), "bf16",
+                       NCCL)] == 1
+    assert calls(pre)[("broadcast", "pp", (2, 128, 128256), (2, 128, 128256), "bf16",
+                       NCCL)] == 1
+    assert repeat == 3 and calls(dec)[("allgather", "tp", (1, 2, 64128), (1, 2, 128256),
+                                       "bf16", NCCL)] == 1
+    (_, _, pre0), _ = run_steps(p, 0)
+    assert calls(pre0)[("broadcast", "pp", (2, 128, 128256), (2, 128, 128256), "bf16",
+                        NCCL)] == 1
 
 
-@pytest.mark.parametrize("prompt, decode, message", [
-    (13, 1, "the prefill's T(13) tokens per sequence is not divisible by tp(2)"),
-    (128, 4, "a decode step's T(1) token per sequence is not divisible by tp(2)"),
-])
-def test_megatron_sp_refusals(prompt, decode, message):
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        steps("megatron", "llama-3.1-8b", tp=2, prompt=prompt, decode=decode, sp=True)
+@pytest.mark.parametrize("tp, prompt, decode", [(2, 128, 1), (2, 128, 4), (1, 16, 2)])
+def test_megatron_refuses_sequence_parallel_for_dense_models(tp, prompt, decode):
+    # controller lines 3483-3486: sequence_parallel with ep 1 raises NotImplementedError
+    # ("Sequence parallellism is only supported for static batching with MoE models").
+    with pytest.raises(ConfigError, match=r"--sp: Megatron's static engine refuses sequence "
+                                          r"parallelism for the dense model llama-3.1-8b"):
+        steps("megatron", "llama-3.1-8b", tp=tp, prompt=prompt, decode=decode, sp=True)
 
 
 def test_options_a_profile_does_not_read_are_refused():
@@ -355,9 +362,10 @@ def test_vocabulary_padding(tmp_path):
         p = generate(engine, model, Layout(tp=2), Workload(8, 2))
         logits = p.stages[0][0].step.ops[-1]
         assert (logits.shape[-1], logits.out_shape[-1]) == (shard, full), engine
-    # Megatron at TP4 rounds 128256 to a multiple of 512: 128512, 32128 a rank (spec 1).
+    # Megatron at TP4 rounds 128256 to a multiple of 512: 128512, 32128 a rank (spec 1); the
+    # prefill gathers the last position only.
     p = steps("megatron", "llama-3.1-8b", tp=4, prompt=8, decode=2)
-    assert p.stages[0][0].step.ops[-1].shape == (8, 1, 32128)
+    assert p.stages[0][0].step.ops[-1].shape == (1, 1, 32128)
 
 
 # --- Whole-inference numbers --------------------------------------------------------------
@@ -393,9 +401,10 @@ def test_deepseek_v3_all_reduces_per_step():
 #   trtllm  TPn: allreduce 1 + 2L, allgather 1; PP2: send 2 / recv 2 (whole [T, h]);
 #           TP2xPP2: stage 0 allreduce 1 + L, send 2; stage 1 recv 2, allreduce L,
 #                    allgather 1
-#   megatron TPn: allreduce 1 + 2L, allgather 1; PP2: send 1 / recv 1;
-#           TP2xPP2: stage 0 allreduce 1 + L, send 1; stage 1 recv 1, allreduce L,
-#                    allgather 1
+#   megatron TPn: allreduce 1 + 2L, allgather 1; PP2: send 1 / recv 1, and on every stage
+#           the logits broadcast 1 from the last stage;
+#           TP2xPP2: stage 0 allreduce 1 + L, send 1, broadcast 1; stage 1 recv 1,
+#                    allreduce L, allgather 1, broadcast 1
 def expected_counts(engine, layers, tp, pp):
     if pp == 1:
         return [{"allreduce": 1 + 2 * layers, "allgather": 1}]
@@ -405,10 +414,11 @@ def expected_counts(engine, layers, tp, pp):
         return [{"allreduce": 1 + layers, "send": 2, "recv": 1},
                 {"recv": 2, "allgather": 3, "allreduce": layers, "send": 1}]
     sends = 2 if engine == "trtllm" else 1
+    logits = {"broadcast": 1} if engine == "megatron" else {}
     if tp == 1:
-        return [{"send": sends}, {"recv": sends}]
-    return [{"allreduce": 1 + layers, "send": sends},
-            {"recv": sends, "allreduce": layers, "allgather": 1}]
+        return [{"send": sends, **logits}, {"recv": sends, **logits}]
+    return [{"allreduce": 1 + layers, "send": sends, **logits},
+            {"recv": sends, "allreduce": layers, "allgather": 1, **logits}]
 
 
 @pytest.mark.parametrize("engine", ["sglang", "trtllm", "megatron"])

@@ -10,14 +10,15 @@ from patterns.engines import generate
 from patterns.errors import ConfigError
 from patterns.layout import Layout, Workload
 from patterns.models import resolve_model
-from patterns.ops import OpKind
+from patterns.ops import OpKind, Phase
 from patterns.pattern import EngineOptions
 
 
 def _a2a(model: str, a2a: str, layout: Layout, batch: int, **options):
     pattern = generate("vllm", resolve_model(model), layout, Workload(16, 2, batch=batch),
                        EngineOptions(a2a=a2a, **options))
-    decode = pattern.stages[0][-1].step
+    decode = [run for run in pattern.stages[0]
+            if run.phase != Phase.WAVE_TAIL][-1].step  # the wave's tail: test_dp_wave.py
     ops = [op for op in decode.ops if op.kind == OpKind.ALLTOALL]
     dispatch, combine = ops[0], ops[1]
     return decode.tokens, dispatch, combine

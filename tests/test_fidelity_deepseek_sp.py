@@ -7,13 +7,15 @@ all-gather of [hidden, residual]), by hand. Qwen3-MoE keeps the generic path."""
 from patterns.engines import generate
 from patterns.layout import Layout, Workload
 from patterns.models import resolve_model
+from patterns.ops import Phase
 from patterns.pattern import EngineOptions
 
 
 def _decode(model: str, layout: Layout, batch: int, **options):
     pattern = generate("vllm", resolve_model(model), layout, Workload(16, 2, batch=batch),
                        EngineOptions(**options))
-    return pattern.stages[0][-1].step
+    return [run for run in pattern.stages[0]
+            if run.phase != Phase.WAVE_TAIL][-1].step  # the wave's tail: test_dp_wave.py
 
 
 def _rows(ops, prefix):
@@ -55,7 +57,8 @@ def test_odd_token_count_pads_to_a_multiple_of_tp():
     # Eager: T stays 3 (a batch of 3 decodes); 3 padded to 4 over tp 2 -> chunks of 2.
     pattern = generate("vllm", resolve_model("deepseek-v3"), Layout(tp=2, dp=2, ep=True),
                        Workload(16, 2, batch=3), EngineOptions(eager=True))
-    step = pattern.stages[0][-1].step
+    step = [run for run in pattern.stages[0]
+            if run.phase != Phase.WAVE_TAIL][-1].step  # the wave's tail: test_dp_wave.py
     assert step.tokens == 3
     assert _rows(step.ops, "layers.5.")[:2] == [("allgather", "tp", (2, 7168), (4, 7168)),
                                                ("reducescatter", "tp", (4, 7168), (2, 7168))]

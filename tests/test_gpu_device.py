@@ -88,8 +88,11 @@ def test_uneven_dp_with_chunked_prefill_ends_within_its_timeout(tmp_path, two_gp
 
 def test_gpu_overhead_benchmark_under_torchrun_ends(two_gpus):
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
+    # nccl first: torch's rendezvous then still meets on MASTER_PORT, where torchrun's agent
+    # serves the store (on any other port it would wait, client-only, for a server)
     proc = subprocess.run([torchrun, "--nproc-per-node", "2", str(REPO / "benchmarks" /
-                           "gpu_overhead.py"), "--rounds", "2", "--steps", "3", "--calls", "8"],
+                           "gpu_overhead.py"), "--rounds", "2", "--steps", "3", "--calls", "8",
+                           "--backends", "nccl,torch"],
                           capture_output=True, text=True, timeout=WALL_S, cwd=REPO,
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False)
     assert proc.returncode == 0, proc.stderr
@@ -103,3 +106,57 @@ def test_allreduce_algo_on_torch_replays_without_graphs(tmp_path, two_gpus):
     line, meta = _replay(tmp_path, tiny_model(tmp_path), "--tp", "2", "--backend", "torch",
                          "--allreduce-algo", "ring")
     assert (line["wrong"], meta["graph"]) == (0, "none")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_second_nodes_rank_takes_the_gpu_of_its_local_rank(backend):
+    """Rank 5 of 8 (two nodes of four) is local rank 1 of the second node: its GPU is 1, the
+    GPU of its local rank, never of its rank (5, which no node has). Read through the
+    launcher's variables, as every rank reads them (ranks/dist.py detect)."""
+    needs_gpus(2)
+    from microbench.ranks.device import select_device
+    from microbench.ranks.dist import detect
+    env = detect({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "h",
+                  "MASTER_PORT": "1"})
+    assert (env.rank, env.local_rank) == (5, 1)
+    assert select_device(env, backend) == 1
+    if backend == "nccl":
+        import cupy
+        assert cupy.cuda.Device().id == 1
+    else:
+        import torch
+        assert torch.cuda.current_device() == 1
+
+
+@needs_cupy
+def test_two_nodes_under_torchrun_replay_over_nccl_on_their_local_gpus(tmp_path):
+    """Two nodes of one GPU each (two torchrun agents, --nnodes 2): rank 1 is local rank 0
+    of the second node and must take that node's GPU 0 (it has no GPU 1). Under torchrun the
+    nccl backend shares its NCCL ids through the store torchrun's agent serves on MASTER_PORT
+    (a second server there fails on torch 2.3-2.6; the stand-in refuses it as they do)."""
+    needs_gpus(2)  # on a GPU node each "node" sees one of two GPUs (CUDA_VISIBLE_DEVICES)
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
+    out, port = tmp_path / "out", str(_free_port())
+    replay = ["-m", "microbench", "replay", "--model", tiny_model(tmp_path), "--tp", "2",
+              "--prompt", "8", "--decode", "4", "--backend", "nccl", "--device", "cuda",
+              "-n", "2", "-w", "1", "--check", "--timeout", "60", "--out", str(out)]
+    procs = [subprocess.Popen(
+        [torchrun, "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1",
+         "--master-addr", "127.0.0.1", "--master-port", port, *replay],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": str(node),
+             "INFERCOMM_GPU_STANDIN_GPUS": "1"}) for node in (0, 1)]
+    outs = [p.communicate(timeout=WALL_S) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    line = last_json(outs[0][0])
+    meta = json.loads((Path(line["results_dir"]) / "meta.json").read_text())
+    assert (line["world_size"], line["wrong"]) == (2, 0)
+    assert [(r["rank"], r["local_rank"], r["from"], r["gpu"]) for r in meta["local_ranks"]] \
+        == [(0, 0, "LOCAL_RANK", 0), (1, 0, "LOCAL_RANK", 0)]
+    assert meta["versions"]["unique_id_exchange"] == "tcp-store"
+
+
+def _free_port() -> int:
+    from microbench.ranks.launch import free_port
+    return free_port()

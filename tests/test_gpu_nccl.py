@@ -185,3 +185,20 @@ def test_gpu_overhead_benchmark_runs_at_world_size_one():
     libraries = 1 + (importlib.util.find_spec("cupy") is not None)
     assert result["world_size"] == 1 and len(result["rows"]) == 9 * libraries
     assert all(row["bare_graph_us"] is not None for row in result["rows"])
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_bool_gathers_on_one_gpu(name):
+    """Megatron's MoE routing map, bool (1 byte an element): NCCL has no bool type, torch and
+    the nccl backend send it as ncclUint8; every kind that moves it, eager, delivers it, and
+    a corrupted input is seen (check.verify flips element 0 of the rank's input)."""
+    env = DistEnv("torchrun", 0, 1, 0, "127.0.0.1", free_port())
+    backend = open_backend(name, env=env, device="cuda", timeout=60)
+    try:
+        group = backend.new_group("tp", [0])
+        for kind in ("allgather", "broadcast", "gather", "alltoall"):
+            op = bound_op(backend, group, kind, 4096, "bool")
+            assert check.verify(op, backend.write, backend.read, corrupt=False) == 0, kind
+            assert check.verify(op, backend.write, backend.read, corrupt=True) == 1, kind
+    finally:
+        backend.close()

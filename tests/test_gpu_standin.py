@@ -184,3 +184,70 @@ def test_every_multi_rank_gpu_test_skips_with_the_count_on_a_one_gpu_node():
     reasons = re.findall(r"^SKIPPED \[\d+\] \S+: (.*)$", proc.stdout, re.M)
     assert reasons and all(re.fullmatch(r"needs [2-9] GPUs \(one a rank\); this node has 1", r)
                            for r in reasons), reasons
+
+
+def test_the_fake_nccl_reduces_as_its_op_names_it():
+    """ncclRedOp_t as CuPy numbers it (cupy_backends/cuda/libs/nccl.pxd @ 8f4c987d): a
+    backend passing another op than it means gets other data. Two ranks of one communicator
+    (threads here, each its own gloo member), inputs [1, 5] and [3, 2] in fp32:
+    sum [4, 7], prod [3, 10], max [3, 5], min [1, 2], avg [2, 3.5]; op 5 is no op NCCL knows
+    (src/misc/argcheck.cc @ 0f900e1b: "invalid reduction operation")."""
+    import threading
+
+    import cupy  # the stand-in (tests/gpu_standin.py)
+    import numpy as np
+
+    from tests import fake_cupy, fake_nccl_wire
+    nccl = cupy.cuda.nccl
+    uid = fake_nccl_wire.unique_id()
+    inputs = ([1.0, 5.0], [3.0, 2.0])
+    stream = cupy.cuda.Stream(non_blocking=True)
+    ops = {"NCCL_SUM": [4, 7], "NCCL_PROD": [3, 10], "NCCL_MAX": [3, 5], "NCCL_MIN": [1, 2],
+           "NCCL_AVG": [2, 3.5]}
+    got: dict[tuple[int, str], list[float]] = {}
+    errors: list[BaseException] = []
+
+    def rank(r: int) -> None:
+        try:
+            comm = nccl.NcclCommunicator(2, uid, r)
+            for name in ops:
+                array = cupy.zeros(2, dtype=np.float32)
+                array.host[:] = inputs[r]
+                comm.allReduce(array.data.ptr, array.data.ptr, 2, nccl.NCCL_FLOAT32,
+                               getattr(nccl, name), stream.ptr)
+                got[r, name] = array.get().tolist()
+            comm.destroy()
+        except BaseException as err:  # reported by the main thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    assert got == {(r, name): want for r in (0, 1) for name, want in ops.items()}
+    alone = nccl.NcclCommunicator(1, bytes(128), 0)
+    array = cupy.zeros(2, dtype=np.float32)
+    with pytest.raises(fake_cupy.NcclError, match="invalid reduction operation 5"):
+        alone.allReduce(array.data.ptr, array.data.ptr, 2, nccl.NCCL_FLOAT32, 5, stream.ptr)
+
+
+def test_device_memory_goes_to_an_mpi_only_if_it_is_cuda_aware(monkeypatch):
+    """mpi4py hands a tensor to MPI through its DLPack export, unchecked ("whether or not a
+    MPI call can work for GPU arrays depends on the underlying MPI implementation", mpi4py
+    docs/source/overview.rst @ 1e12c8cc): the stand-in's CUDA memory refuses the export to
+    an MPI library that is not CUDA-aware, and only then."""
+    import torch
+
+    from tests import fake_device_memory
+    torch.cuda.set_device(0)
+    device = torch.zeros(4, dtype=torch.int32, device="cuda")
+    host = torch.zeros(4, dtype=torch.int32)
+    monkeypatch.setattr(fake_device_memory, "mpi_cuda_aware", lambda: False)
+    with pytest.raises(BufferError, match="not CUDA-aware"):
+        device.__dlpack__()
+    host.__dlpack__()  # host memory goes to any MPI
+    device.cpu().numpy()  # a host copy of it too
+    monkeypatch.setattr(fake_device_memory, "mpi_cuda_aware", lambda: True)
+    device.__dlpack__()

@@ -20,10 +20,11 @@ LAYOUTS = {  # name: (model, layout, workload, options)
     "tp2xdp2xep": (MOE, Layout(tp=2, dp=2, ep=True), Workload(prompt=64, decode=4),
                    EngineOptions()),
     # Uneven DP with chunked prefill: DP rank 1 still prefills (4 prompts of 2048 tokens,
-    # 2048 tokens a step) while DP rank 0 decodes (the review's W2 demonstration).
+    # 2048 tokens a step) while DP rank 0 decodes (the review's W2 demonstration); without
+    # vLLM's DP wave tail, whose dummy forwards "dp2xep" keeps.
     "dp2xep-uneven": (MOE, Layout(tp=1, dp=2, ep=True),
                       Workload(prompt=2048, decode=8, dp_batches=(1, 4)),
-                      EngineOptions(max_batched_tokens=2048)),
+                      EngineOptions(max_batched_tokens=2048, wave_tail=False)),
     "tp2xdp2-uneven": (DENSE, Layout(tp=2, dp=2), Workload(prompt=2048, decode=8,
                                                            dp_batches=(1, 4)),
                        EngineOptions(max_batched_tokens=2048)),
@@ -32,6 +33,8 @@ LAYOUTS = {  # name: (model, layout, workload, options)
 
 def _pattern(engine: str, name: str):
     model, layout, workload, options = LAYOUTS[name]
+    if engine != "vllm":  # --no-wave-tail is vLLM's alone
+        options = dataclasses.replace(options, wave_tail=True)
     try:
         return generate(engine, resolve_model(model), layout, workload, options)
     except ConfigError as err:  # the engine does not run this layout (e.g. megatron DP)

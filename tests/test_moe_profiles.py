@@ -31,7 +31,14 @@ def kinds(step) -> Counter:
 
 
 def steps_of(pattern, dp_rank=0, stage=0):
-    return [(run.phase, run.step, run.repeat) for run in pattern.runs(stage, dp_rank)]
+    """The inference's own runs: vLLM's wave tail after them (dummy forwards to the DP
+    wave's 32-step sync) is tested in tests/test_dp_wave.py."""
+    return [(run.phase, run.step, run.repeat) for run in pattern.runs(stage, dp_rank)
+            if run.phase != Phase.WAVE_TAIL]
+
+
+def steps_of_runs(pattern, dp_rank):
+    return [run for run in pattern.runs(0, dp_rank) if run.phase != Phase.WAVE_TAIL]
 
 
 @pytest.mark.parametrize("backend", ["deep-gemm", "triton"])
@@ -65,8 +72,11 @@ def test_deepseek_v3_dp8_ep8_tp1_fp8_dispatch(backend):
     assert combine.dtype == "bf16"  # the experts' output stays bf16
     assert (combine.shape, combine.out_shape) == ((1024, 7168), (128, 7168))
     assert {op.transport for op in decode.ops[1:]} == {Transport.NCCL}  # PyNccl all_gatherv
-    # Calls per inference on a rank: 3 steps x 291.
-    assert pat.calls_per_inference(0) == 873
+    # Calls per inference on a rank: 3 steps x 291, then the wave's tail: async scheduling
+    # (vLLM's default) learns the requests are done one step after the last, step 4, so the
+    # wave runs to its sync at step 32: 29 dummy forwards of 291 calls (T = 1 on every
+    # rank) and the sync's all-reduce (dp_wave.py): 873 + 29 * 291 + 1 = 9313.
+    assert pat.calls_per_inference(0) == 873 + 29 * 291 + 1 == 9313
 
 
 @pytest.mark.parametrize("options", [{}, {"moe_backend": "flashinfer-cutlass"},
@@ -198,7 +208,8 @@ def test_uneven_dp_batches():
     # Graphed: every rank's T <= 512 runs a graph, so all pad to the largest: 128 in the
     # prefill, and decode 3,5,2,8 -> graph sizes 4,8,2,8 -> 8 (v1/worker/dp_utils.py).
     pat = generate("vllm", DEEPSEEK, layout, Workload(16, 3, dp_batches=(3, 5, 2, 8)))
-    assert [[run.step.tokens for run in pat.runs(0, d)] for d in range(4)] == [[128, 8]] * 4
+    assert [[run.step.tokens for run in pat.runs(0, d) if run.phase != Phase.WAVE_TAIL]
+            for d in range(4)] == [[128, 8]] * 4
     assert all(op.counts is None for op in pat.runs(0, 1)[0].step.ops)
 
 
@@ -209,16 +220,18 @@ def test_dp_ranks_with_different_prefill_chunks():
     # finished its 2 decode steps and runs a 1-token dummy step (graph size 1) beside rank
     # 1's last decode: max(1, 8) = 8.
     pat = generate("vllm", DEEPSEEK, Layout(dp=2, ep=True), Workload(2048, 3, dp_batches=(3, 8)))
-    rank0 = [(run.phase.value, run.step.tokens, run.repeat) for run in pat.runs(0, 0)]
-    rank1 = [(run.phase.value, run.step.tokens, run.repeat) for run in pat.runs(0, 1)]
+    rank0 = [(run.phase.value, run.step.tokens, run.repeat) for run in steps_of_runs(pat, 0)]
+    rank1 = [(run.phase.value, run.step.tokens, run.repeat) for run in steps_of_runs(pat, 1)]
     assert rank0 == [("prefill", 6144, 1), ("decode", 4, 1), ("decode", 8, 1), ("decode", 8, 1)]
-    assert pat.runs(0, 0)[-1].step.rows == 0  # the dummy step samples no row
+    assert steps_of_runs(pat, 0)[-1].step.rows == 0  # the dummy step samples no row
     assert rank1 == [("prefill", 8192, 1), ("prefill", 8192, 1), ("decode", 8, 2)]
     step1 = pat.runs(0, 0)[1].step.ops[1]
     assert step1.counts == (4 * 7168, 8192 * 7168)  # uneven: an all-gatherv
     # Dummy steps sample nothing; both ranks issue 4 steps x 233 calls (1 + 58 x 4: the
-    # bf16 dispatch of FlashInfer CUTLASS, vLLM's default here, has no scale tensor).
-    assert pat.calls_per_inference(0) == 4 * 233
+    # bf16 dispatch of FlashInfer CUTLASS, vLLM's default here, has no scale tensor), then
+    # the wave's tail to step 32 (4 real steps + 1 of async lag <= 32): 28 dummy steps of
+    # 233 calls and the sync: 4 * 233 + 28 * 233 + 1.
+    assert pat.calls_per_inference(0) == 32 * 233 + 1
 
 
 def test_alltoall_and_volume_by_group():
@@ -231,9 +244,12 @@ def test_alltoall_and_volume_by_group():
         ("alltoall", "ep", (1024, 7168), Transport.NVSHMEM)}
     # Volume: 58 x 2 all-to-alls per step of rows x 7168 x 2 bytes x 7/8, rows = 8 x 2048
     # in the prefill (T 2048 x top-8 / 8 per peer) and 1024 in the decode step; the [4, 8]
-    # int32 coordination is 128 bytes x 2 x 7/8 = 224 per step.
-    ep = 58 * 2 * (16384 + 1024) * 7168 * 2 * 7 // 8
-    assert volume_by_group(pat) == {"ep": ep, "dp": 2 * 224}
+    # int32 coordination is 128 bytes x 2 x 7/8 = 224 per step. The wave's tail: 2 real
+    # steps + 1 of async lag -> the sync at step 32: 30 dummy steps of T = 1 (1 x 8 / 8 = 1
+    # row to each peer: 8 rows each way) and the sync's [2] int32 all-reduce, 8 x 2 x 7/8 =
+    # 14 bytes.
+    ep = 58 * 2 * (16384 + 1024 + 30 * 8) * 7168 * 2 * 7 // 8
+    assert volume_by_group(pat) == {"ep": ep, "dp": 32 * 224 + 14}
     with pytest.raises(ConfigError, match=r"needs --dp N \(N > 1\) and --ep \(here dp\(8\), ep "
                                           "False"):
         generate("vllm", DEEPSEEK, Layout(dp=8), Workload(16, 2), EngineOptions(a2a="alltoall"))
@@ -259,13 +275,19 @@ def test_sglang_dp_attention_deepseek_dp8():
     assert [(op.kind.value, op.shape, op.out_shape) for op in decode.ops[1:3]] == [
         ("allgather", (128, 7168), (1024, 7168)), ("reducescatter", (1024, 7168), (128, 7168))]
     assert decode.ops[-1].shape == (1024, 129280 // 8)  # 129280 = 64 * 2020: no padding
-    # Extend, SUM_LEN: all-reduces of the zero-filled [8 x 2048, h] buffer, twice per layer.
+    # Extend, SUM_LEN: all-reduces of the zero-filled [sum T, h] buffer, twice per layer.
+    # DP attention divides chunked_prefill_size by dp (server_args.py:5572-5580 @
+    # 8905cbd4): 8192 / 8 = 1024 tokens a chunk, so each rank's 128 x 16 = 2048 prompt
+    # tokens take 2 extend steps of 1024: [8 x 1024, h].
+    first = pat.stages[0][0]
+    assert (first.phase.value, first.step.tokens, first.repeat) == ("prefill", 1024, 2)
     assert {(op.kind.value, op.shape) for op in prefill.ops[1:123]} == {
-        ("allreduce", (16384, 7168))}
+        ("allreduce", (8192, 7168))}
 
 
 def test_engines_without_dp_rules_refuse_ep_and_sglang_dp_without_ep_is_replicas():
-    for engine in ("vllm-v0", "trtllm", "megatron"):
+    # megatron models --ep (tests/test_megatron_moe.py)
+    for engine in ("vllm-v0", "trtllm"):
         with pytest.raises(ConfigError, match=f"engine {engine} does not model --ep; use "
                                               "--engine sglang or vllm"):
             generate(engine, DEEPSEEK, Layout(dp=8, ep=True), Workload(16, 2))

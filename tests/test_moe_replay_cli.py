@@ -31,8 +31,9 @@ def replay(tmp_path, backend: str, nproc: int, *extra: str, env: dict | None = N
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_vllm_dp4_ep_uneven_batches_replay_checks(tmp_path, backend):
+    # --no-wave-tail: the inference's own steps (the wave's tail: tests/test_dp_wave.py)
     proc = replay(tmp_path, backend, 4, "--dp", "4", "--ep", "--dp-batches", "3,5,2,8",
-                  "--eager")
+                  "--eager", "--no-wave-tail")
     assert proc.returncode == 0, proc.stderr
     last = last_json(proc.stdout)
     # Eager: per step 1 coordination all-reduce + 2 MoE layers x (3 dispatch all-gathers
@@ -53,12 +54,13 @@ def test_sglang_dp2_tp2_replay_checks(tmp_path, backend):
 @needs_mpi
 def test_vllm_dp4_tp2_ep_on_8_ranks_and_a_corrupted_dispatch(tmp_path):
     proc = replay(tmp_path, "mpi", 8, "--dp", "4", "--tp", "2", "--ep", "--dp-batches",
-                  "3,5,2,8")
+                  "3,5,2,8", "--no-wave-tail")  # the inference alone: test_dp_wave.py
     assert proc.returncode == 0, proc.stderr
     assert last_json(proc.stdout)["wrong"] == 0
     # Rank 5 corrupts the first element of its hidden-state dispatch inputs only: every
     # rank of its EP group of 8 receives the bad element, so --check finds it and the run
     # exits with status 1.
     proc = replay(tmp_path, "mpi", 8, "--dp", "4", "--tp", "2", "--ep", "--dp-batches",
-                  "3,5,2,8", env={"INFERCOMM_FAULT": "corrupt:5:dispatch.hidden_states"})
+                  "3,5,2,8", "--no-wave-tail",
+                  env={"INFERCOMM_FAULT": "corrupt:5:dispatch.hidden_states"})
     assert proc.returncode == 1 and last_json(proc.stdout)["wrong"] > 0

@@ -67,6 +67,23 @@ def test_every_layout_priced_and_sorted(cli, tmp_path):
     assert any("scaled from the sweep's 2 ranks" in n for n in doc["notes"])
 
 
+def test_each_floor_says_how_much_of_it_is_communication(cli, tmp_path):
+    status, out, err = _plan(cli, tmp_path, "--format", "json")
+    assert status == 0, err
+    layouts = {(r["tp"], r["pp"], r["dp"]): r for r in json.loads(out)["layouts"]}
+    # TP4 (test_every_layout_priced_and_sorted): 330 us of calls a step, and its compute floor
+    # beside them; DP4 x TP1 issues no call: none of its floors is communication
+    tp4 = layouts[(4, 1, 1)]
+    assert tp4["tpot_comm_share"] == round(330 / (330 + tp4["compute_decode_step_us"]), 4)
+    assert tp4["e2e_comm_share"] == round(1320 / (1320 + tp4["compute_e2e_us"]), 4)
+    assert 0.99 < tp4["tpot_comm_share"] < 1  # the tiny model's compute is under a us
+    assert layouts[(1, 1, 4)]["e2e_comm_share"] == 0
+    status, out, err = _plan(cli, tmp_path / "text")
+    assert status == 0, err
+    assert "comm share" in out.splitlines()[4]  # the table's header
+    assert ": communication is 0% of it)" in out  # the best, DP4, issues no call
+
+
 def test_budgets(cli, tmp_path):
     # TPOT budget 0.1 ms = 100 us: DP4's 0, DP2 x PP2's 3 and PP4's 9 us steps meet it.
     status, out, err = _plan(cli, tmp_path, "--budget-tpot-ms", "0.1", "--format", "json")
@@ -92,9 +109,12 @@ def test_csv_and_bad_input(cli, tmp_path):
     lines = out.strip().splitlines()
     assert lines[0] == ("tp,pp,dp,ep,prefill_us,decode_step_us,e2e_us,compute_prefill_us,"
                         "compute_decode_step_us,compute_e2e_us,ttft_floor_us,tpot_floor_us,"
-                        "e2e_floor_us,volume_bytes,meets_budget,crosses_nodes,"
+                        "e2e_floor_us,ttft_comm_share,tpot_comm_share,e2e_comm_share,"
+                        "volume_bytes,meets_budget,crosses_nodes,"
                         "weight_bytes_per_gpu,kv_cache_bytes_per_gpu,"
-                        "activation_bytes_per_gpu,fits_memory,best")
+                        "activation_bytes_per_gpu,overhead_bytes_per_gpu,"
+                        "max_model_len_kv_bytes_per_gpu,kv_capacity_tokens,max_concurrency,"
+                        "fits_memory,best")
     assert len(lines) == 7  # the header and 6 layouts
     # 4 GPUs at 2 a node span nodes, and the sweep has no rows across nodes.
     sweep = fake_sweep(tmp_path / "sweep2", FLAT)

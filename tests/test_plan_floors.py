@@ -23,10 +23,11 @@ def _plan(cli, tmp_path, *extra: str, lines=FLAT):
 
 
 def test_a_layout_that_does_not_fit_is_listed_apart_and_never_best(cli, tmp_path):
-    # 600,000 B a GPU: 9375 / 2^24 GiB (exact in binary), all of it usable.
+    # 600,000 B a GPU: 9375 / 2^24 GiB (exact in binary), all of it usable; max_model_len
+    # 12 (the request's 8 + 4), whose one request's KV cache is counted beside the batch's.
     status, out, err = _plan(cli, tmp_path, "--gpu-memory", str(9375 / 2 ** 24),
                              "--gpu-memory-utilization", "1", "--max-batched-tokens", "16",
-                             "--format", "json")
+                             "--max-model-len", "12", "--format", "json")
     assert status == 0, err
     doc = json.loads(out)
     assert doc["memory_limit_bytes"] == 600_000
@@ -34,34 +35,44 @@ def test_a_layout_that_does_not_fit_is_listed_apart_and_never_best(cli, tmp_path
     dp4 = rows[(1, 1, 4)]
     # TP1: 4 x 65664 = 262656 + embedding and LM head 2 x 1024 x 64 + final norm 64 = 393792
     # parameters x 2 B = 787584 B. KV cache: 2 x 4 heads x 16 x 2 B = 256 B a token and
-    # layer, 1 x (8 + 4) tokens x 4 layers: 12288 B. Activations: 16 tokens (the step's
-    # budget) x (2 x 64 + 3 x 256) x 2 B = 28672 B. 828544 B > 600000: does not fit.
+    # layer, 1 x (8 + 4) tokens x 4 layers: 12288 B, and as much for one request of
+    # max_model_len 12. Activations (vllm-v0: the reserve, not vLLM V1's profile): 16
+    # tokens (the step's budget) x (2 x 64 + 3 x 256) x 2 B = 28672 B. 840832 B > 600000:
+    # does not fit.
     assert (dp4["weight_bytes_per_gpu"], dp4["kv_cache_bytes_per_gpu"],
             dp4["activation_bytes_per_gpu"]) == (787584, 12288, 28672)
     assert dp4["fits_memory"] is False and dp4["best"] is False
     # TP2 x DP2: 4 x (32768 + 128) + 2 x 1024 x 64 / 2 + 64 = 197184 x 2 B = 394368 B,
-    # KV 128 B a token and layer x 48 = 6144, activations 16 x (128 + 3 x 128) x 2 = 16384:
-    # 416896 B, fits.
+    # KV 128 B a token and layer x 48 = 6144 (and 6144 for one max_model_len request),
+    # activations 16 x (128 + 3 x 128) x 2 = 16384: 423040 B, fits.
     tp2 = rows[(2, 1, 2)]
     assert (tp2["weight_bytes_per_gpu"], tp2["kv_cache_bytes_per_gpu"],
             tp2["activation_bytes_per_gpu"], tp2["fits_memory"]) == (394368, 6144, 16384, True)
+    assert tp2["max_model_len_kv_bytes_per_gpu"] == 6144
+    # What the KV cache gets: 600000 - 394368 - 16384 = 189248 B, / (12 x 512 B) = 30.8
+    # requests of 12 tokens: 369.6, so 369 tokens.
+    assert (tp2["kv_capacity_tokens"], tp2["max_concurrency"]) == (369, 30.8)
     # Every other layout fits; the one that does not is last, and the first is best.
     assert [r["fits_memory"] for r in doc["layouts"]] == [True] * 5 + [False]
     assert doc["layouts"][0]["best"]
     status, out, err = _plan(cli, tmp_path / "t", "--gpu-memory", str(9375 / 2 ** 24),
-                             "--gpu-memory-utilization", "1", "--max-batched-tokens", "16")
+                             "--gpu-memory-utilization", "1", "--max-batched-tokens", "16",
+                             "--max-model-len", "12")
     assert status == 0, err
     apart = out.split("do not fit in 585.94 KiB a GPU")[1]
     assert apart.splitlines()[3].split()[:3] == ["1", "1", "4"]
 
 
 def test_memory_is_checked_by_default_from_the_gpu(cli, tmp_path):
-    # No --gpu-memory: --gpu h100 (the default) has 80 GiB, 0.9 of it usable; a100 too.
-    for gpu, gib in (("h100", 80), ("h200", 141), ("b200", 192), ("a100", 80)):
-        status, out, err = _plan(cli, tmp_path / gpu, "--gpu", gpu, "--format", "json")
+    # No --gpu-memory: the memory --gpu's driver reports (analysis/hardware.py, each quoted
+    # from an nvidia-smi table: H100 81,559 MiB, H200 143,771, B200 183,359, A100 81,920),
+    # 0.9 of it usable.
+    for gpu, mib in (("h100", 81559), ("h200", 143771), ("b200", 183359), ("a100", 81920)):
+        status, out, err = _plan(cli, tmp_path / gpu, "--gpu", gpu, "--format", "json",
+                                 "--max-model-len", "12")
         assert status == 0, err
         doc = json.loads(out)
-        assert doc["memory_limit_bytes"] == int(gib * 0.9 * 2 ** 30), gpu
+        assert doc["memory_limit_bytes"] == int(mib / 1024 * 0.9 * 2 ** 30), gpu
 
 
 def test_an_op_the_sweep_lacks_is_priced_by_its_stand_in(cli, tmp_path):

@@ -15,17 +15,20 @@ from tests.replay_helpers import tiny_model
 SIZES = [8 * 4**k for k in range(11)]  # 8 B, 32 B, ... 8 MiB
 
 
-def fake_sweep(folder: Path, lines: dict[str, tuple[float, float]]) -> Path:
-    """A sweep run folder whose median times are exactly alpha + beta x size (2 ranks)."""
+def fake_sweep(folder: Path, lines: dict[str, tuple[float, float]],
+               dtypes: dict[str, str] | None = None) -> Path:
+    """A sweep run folder whose median times are exactly alpha + beta x size (2 ranks), each
+    op swept in bf16 unless `dtypes` names another."""
     folder.mkdir(parents=True)
     rows, samples = [], []
     for op, (alpha, beta) in lines.items():
         for size in SIZES:
             t = alpha + beta * size
-            rows.append({"op": op, "size_bytes": size, "count": size // 2, "dtype": "bf16",
+            dtype = (dtypes or {}).get(op, "bf16")
+            rows.append({"op": op, "size_bytes": size, "count": size // 2, "dtype": dtype,
                          "group_size": 2, "time_us": t, "time_p5_us": t, "time_p95_us": t,
                          "algbw_gbps": 0, "busbw_gbps": 0, "wrong": ""})
-            samples += [{"op": op, "size_bytes": size, "dtype": "bf16", "group_size": 2,
+            samples += [{"op": op, "size_bytes": size, "dtype": dtype, "group_size": 2,
                          "iteration": i, "time_us": t} for i in range(3)]
     (folder / "meta.json").write_text(json.dumps({"kind": "sweep", "argv": ["sweep"],
                                                   "backend": "fake", "world_size": 2}))
@@ -141,6 +144,26 @@ def test_missing_collective_is_one_line(cli, tmp_path):
             "stands in for it") in err
     status, _, err = cli("predict", "--sweep", str(sweep))
     assert status == 2 and "give the pattern options" in err
+
+
+@pytest.mark.parametrize("dtypes, warned", [
+    ({"allreduce": "fp32"}, True),   # the tiny model's all-reduces are bf16
+    ({"gather": "fp32"}, False),     # a gather moves bytes whatever their type
+    ({}, False),
+])
+def test_a_reduction_priced_from_another_dtype_is_said(cli, tmp_path, dtypes, warned):
+    sweep = fake_sweep(tmp_path / "sweep", {"allreduce": (10.0, 0.01), "gather": (20.0, 0.001)},
+                       dtypes)
+    status, out, err = cli("predict", "--sweep", str(sweep), "--engine", "vllm-v0",
+                           "--model", tiny_model(tmp_path), "--tp", "2", "--prompt", "8",
+                           "--decode", "4")
+    assert status == 0, err
+    said = [w for w in last_json(out)["warnings"] if "dtype" in w]
+    assert said == ([
+        "the pattern's allreduce calls are bf16 and the sweep measured allreduce in fp32 "
+        "only: a reduction's time depends on its dtype, so these calls are priced from "
+        "another dtype's times (sweep with --dtype bf16)"] if warned else [])
+    assert ("infercomm predict: warning: the pattern's allreduce calls are bf16" in err) == warned
 
 
 def test_against_a_committed_replay(cli):

@@ -535,6 +535,39 @@ def test_dp_with_expert_parallelism_is_no_case_the_cpu_build_runs() -> None:
 
 
 
+def test_dense_dp2_tp2_served_one_request_to_each_engine(served) -> None:
+    """`vllm serve --data-parallel-size 2 --tensor-parallel-size 2` (scripts/vllm_cpu_dp.py):
+    the DP load balancer routes two prompts sent in one request, 40 and 6 tokens (3 out),
+    one to each engine (least-loaded: both idle, the scan from engine 0, then from engine
+    1), and each engine, independent (a dense model), schedules its own with a budget of
+    16: `infercomm validate --dp 2 --requests`, a --trace a DP rank, matches every rank.
+    By hand (6 calls a step at TP2, module doc): DP rank 0 (ranks 0, 1) prefills 16, 16, 8
+    tokens: 5 all-reduces of [16, 128] (2,048 elements) twice and of [8, 128] (1,024) once,
+    3 logits gathers (partial prefills too), then 2 decode steps: 5 x 2 all-reduces of 128
+    and 2 gathers, 30 calls a rank; DP rank 1 (ranks 2, 3): [6, 128] (768) x 5, a gather,
+    and the 2 decodes: 18. 2 x 30 + 2 x 18 = 96."""
+    doc = served("dense-dp2-tp2")
+    out = _valid(doc, "one-each")
+    assert _summary(out)["calls"] == 96
+    rows = _rows(out)
+    assert ["0", "prefill", "allreduce", "2,048", "fp32", "2", "10", "10", "equal"] in rows
+    assert ["2", "prefill", "allreduce", "768", "fp32", "2", "5", "5", "equal"] in rows
+    # DP rank 1's traces given as DP rank 0's: its 6-token prompt is not the pattern's 40
+    argv = doc["workloads"]["one-each"]["validate"]
+    first, second = (i for i, a in enumerate(argv) if a == "--trace")
+    end = argv.index("--model")
+    swapped = [*argv[:first], *argv[second:end], *argv[first:second], *argv[end:]]
+    assert "rank 0: call 0" in _invalid(swapped)
+    # `trace --dp 2` places the two engines' ranks 0, 1 as ranks 0-3: all 96 calls
+    files = [*argv[first + 1:second], *argv[second + 1:end]]
+    trace = subprocess.run([sys.executable, "-m", "microbench", "trace", "--dp", "2", *files,
+                            "--format", "json"], cwd=REPO, capture_output=True, text=True,
+                           timeout=120)
+    assert trace.returncode == 0, trace.stderr
+    assert {k: json.loads(trace.stdout)[k] for k in ("ranks", "calls")} == {"ranks": 4,
+                                                                            "calls": 96}
+
+
 NIXL_WHY_NOT = _why_no_nixl()
 
 

@@ -62,7 +62,8 @@ BASE = ["pattern", "--model", "llama-3.1-8b", "--tp", "2"]
     ('{"arrival_s": 0, "prompt": 10, "output": 2}', ["--prompt", "8"], "drop --prompt"),
     ('{"arrival_s": 0, "prompt": 10, "output": 2}', ["--engine", "trtllm"],
      "in-flight batching"),
-    ('{"arrival_s": 0, "prompt": 10, "output": 2}', ["--dp", "2"], "use --pp 1 --dp 1"),
+    # --dp 2 is routed to DP ranks (test_dp_workload.py); DP x PP is not modelled
+    ('{"arrival_s": 0, "prompt": 10, "output": 2}', ["--dp", "2", "--pp", "2"], "use --pp 1"),
     ('{"arrival_s": 0, "prompt": 200000, "output": 2}', [], "max_position_embeddings"),
 ])
 def test_bad_input_one_line_exit_2(tmp_path, line, extra, words):

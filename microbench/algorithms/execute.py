@@ -120,9 +120,31 @@ z = (unsigned short)(bits >> 16);
 """
 
 
+def require_nvrtc(cupy: Any) -> None:
+    """CuPy compiles its element-wise kernels (the sum below) at first use with NVRTC
+    (cupy_backends/cuda/libs/nvrtc.pyx @ 1cc03dd1), which the `cuda` extra's cupy-cuda12x
+    wheel does not bring (its `ctk` extra does; so do a CUDA toolkit and the
+    nvidia-cuda-nvrtc-cu12 wheel a CUDA build of torch installs): refused here, before any
+    call, rather than failing in the first all-reduce."""
+    try:
+        nvrtc = getattr(cupy.cuda, "nvrtc", None)
+        if nvrtc is None:
+            import importlib
+            nvrtc = importlib.import_module("cupy_backends.cuda.libs.nvrtc")
+        nvrtc.getVersion()
+    except Exception as err:  # CuPy raises its own errors when libnvrtc does not load
+        from microbench.argtypes import UsageError
+        reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        raise UsageError(f"--allreduce-algo on --backend nccl adds what arrives with a CuPy "
+                         f"kernel that NVRTC compiles, and CuPy cannot load NVRTC here "
+                         f"({reason}); pip install 'cupy-cuda12x[ctk]' (or "
+                         "nvidia-cuda-nvrtc-cu12), or use --backend torch") from None
+
+
 def cupy_adder(cupy: Any, stream: Any) -> Callable[[Any, int, Any, int, str], None]:
     """add(dst_array, dst_start, src_array, count, dtype): dst[start:start+count] += src[:count]
     on `stream`; bf16 (stored as uint16) through BF16_ADD."""
+    require_nvrtc(cupy)
     kernel = cupy.ElementwiseKernel("uint16 x, uint16 y", "uint16 z", BF16_ADD,
                                     "infercomm_bf16_add")
 

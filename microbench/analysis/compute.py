@@ -26,6 +26,7 @@ engine is slower than this; what the floor shows is what no kernel can go below.
 """
 
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -36,12 +37,17 @@ from patterns.layout import Layout
 from patterns.models import ModelConfig
 from patterns.shapes import padded_vocab, stage_layer_counts
 from patterns.weights import (
-    LayerWeights,
-    _bytes,
     _head_dim,
     kv_bytes_per_token_layer,
+    layer_bytes,
     layer_weights,
+    scheme_of,
 )
+
+# The KV cache's element for the floors' cache reads: None the serving dtype's, "uint8" for
+# --kv-cache-dtype fp8 (one byte). plan sets it while it prices (layouts.plan), so every floor
+# of a plan reads the cache as the engine stores it without each caller passing it on.
+KV_CACHE_DTYPE: ContextVar[str | None] = ContextVar("kv_cache_dtype", default=None)
 
 
 @dataclass(frozen=True)
@@ -79,10 +85,10 @@ def stage_work(model: ModelConfig, layout: Layout, dtype: str) -> list[StageWork
                 held = -(-experts // ep_size) if ep_size > 1 else experts / tp
                 routed_rank = held * 3 * model.hidden_size * inter
                 routed += model.num_experts_per_tok * 3 * model.hidden_size * inter / tp
-            kept = LayerWeights(w.linear, w.experts - routed_rank, w.plain)
-            dense += kept.linear + kept.experts + kept.plain
-            dense_bytes += _bytes(model, kept, b)
-            routed_bytes += _bytes(model, LayerWeights(0.0, routed_rank, 0.0), b)
+            dense += w.linear + w.experts - routed_rank + w.plain
+            kept, routed_stored = layer_bytes(model, layer, tp, ep_size, b)
+            dense_bytes += kept
+            routed_bytes += routed_stored
         first += count
         if stage == layout.pp - 1:  # the LM head: used and read every step
             dense += vocab_rank
@@ -94,8 +100,10 @@ def stage_work(model: ModelConfig, layout: Layout, dtype: str) -> list[StageWork
 
 
 def _peak(model: ModelConfig, gpu: str) -> float:
-    spec = GPU_SPECS[gpu]
-    return spec.fp8_flops if model.weight_format == "fp8" else spec.bf16_flops
+    """An fp8 checkpoint whose activations are fp8 too (W8A8) runs at the fp8 rate where the
+    GPU has one (an A100 runs it weight-only, at bf16's); any other at bf16's."""
+    spec, scheme = GPU_SPECS[gpu], scheme_of(model)
+    return spec.fp8_flops if scheme is not None and scheme.fp8_compute else spec.bf16_flops
 
 
 def step_floor_us(model: ModelConfig, layout: Layout, dtype: str, gpu: str,
@@ -109,7 +117,8 @@ def step_floor_us(model: ModelConfig, layout: Layout, dtype: str, gpu: str,
 
 
 @cache
-def _floor_terms(model: ModelConfig, layout: Layout, dtype: str, gpu: str) -> tuple[Any, ...]:
+def _floor_terms(model: ModelConfig, layout: Layout, dtype: str, gpu: str,
+                 kv_dtype: str | None = None) -> tuple[Any, ...]:
     """What `step_floor_us` reads of a layout, looked up once: (peak, bandwidth, head_dim,
     KV bytes a token and layer, EP spread, top-k, per run of alike stages its terms)."""
     work: list[tuple[Any, ...]] = []  # stages alike in a row: one term added `count` times
@@ -121,16 +130,23 @@ def _floor_terms(model: ModelConfig, layout: Layout, dtype: str, gpu: str) -> tu
         else:
             work.append((*term, 1))
     return (_peak(model, gpu), GPU_SPECS[gpu].hbm_bytes_per_s, _head_dim(model),
-            kv_bytes_per_token_layer(model, layout.tp, dtype),
+            kv_bytes_per_token_layer(model, layout.tp, kv_dtype or dtype),
             layout.dp if layout.ep else 1, model.num_experts_per_tok, tuple(work))
 
 
-@cache
 def step_floor(model: ModelConfig, layout: Layout, dtype: str,
                gpu: str) -> Callable[[int, float, int, float], float]:
     """`step_floor_us` of one layout, what does not vary step to step looked up once (plan
-    prices thousands of steps a layout under --requests)."""
-    peak, bandwidth, d, kv_token, spread, top_k, work = _floor_terms(model, layout, dtype, gpu)
+    prices thousands of steps a layout under --requests); the KV cache's element as
+    KV_CACHE_DTYPE says."""
+    return _step_floor(model, layout, dtype, gpu, KV_CACHE_DTYPE.get())
+
+
+@cache
+def _step_floor(model: ModelConfig, layout: Layout, dtype: str, gpu: str,
+                kv_dtype: str | None) -> Callable[[int, float, int, float], float]:
+    peak, bandwidth, d, kv_token, spread, top_k, work = _floor_terms(model, layout, dtype, gpu,
+                                                                     kv_dtype)
 
     def floor(prefill_tokens: int, prefill_pairs: float, decode_seqs: int,
               context: float) -> float:
@@ -157,7 +173,8 @@ def step_floors(model: ModelConfig, layout: Layout, dtype: str, gpu: str,
     float pairs and contexts: plan's --requests prices thousands a layout): the same
     operations in the same order on each element, so the same floats."""
     import numpy as np
-    peak, bandwidth, d, kv_token, spread, top_k, work = _floor_terms(model, layout, dtype, gpu)
+    peak, bandwidth, d, kv_token, spread, top_k, work = _floor_terms(model, layout, dtype, gpu,
+                                                                     KV_CACHE_DTYPE.get())
     tokens = prefill_tokens + decode_seqs
     routing = tokens * spread
     total = np.zeros(len(tokens))

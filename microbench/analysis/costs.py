@@ -3,10 +3,13 @@ at its message size, a transfer's gap (a stream iteration) and latency (the stre
 no sooner than half the smallest ping-pong); the model these feed is `predict.py`'s.
 
 A group whose ranks lie on more than one node, or a transfer between stages on different
-nodes, takes the inter-node fits (`Topology.fits_of`).
+nodes, takes the inter-node fits (`Topology.fits_of`). Whether one does is counted, not
+enumerated (`spans_at`): every group of a kind is an arithmetic progression of ranks (global
+rank = (dp_rank x pp + stage) x tp + tp_rank), so a plan's cost does not grow with the GPUs.
 """
 
 from dataclasses import dataclass
+from typing import Any
 
 from microbench.analysis.fits import (
     FitTable,
@@ -33,8 +36,15 @@ def call_time_us(fits: FitTable, op: Op) -> float:
     return fit.time_us(size)
 
 
+_STREAMS: dict[int, tuple[FitTable, bool]] = {}
+
+
 def _has_stream(fits: FitTable) -> bool:
-    return any(k[0] == SweepOp.STREAM.value for k in fits)
+    """Whether the sweep has a stream (looked up once a table: it is asked every transfer)."""
+    known = _STREAMS.get(id(fits))
+    if known is None or known[0] is not fits:
+        known = _STREAMS[id(fits)] = (fits, any(k[0] == SweepOp.STREAM.value for k in fits))
+    return known[1]
 
 
 def gap_us(fits: FitTable, op: Op) -> float:
@@ -89,6 +99,44 @@ class Cost:
     joins: bool = False
 
 
+def _spans(first: int, step: int, count: int, copies: int, rpn: int) -> bool:
+    """Whether any of the `copies` progressions first + t, first + t + step, ...
+    (`count` ranks each, t < copies) lies on more than one node of `rpn` ranks: one does
+    when its first rank's offset in its node plus its width reaches the next node."""
+    if count < 2:
+        return False
+    width = (count - 1) * step
+    if width >= rpn:
+        return True
+    low = first % rpn
+    most = rpn - 1 if low + copies - 1 >= rpn else low + copies - 1
+    return most + width >= rpn
+
+
+def spans_at(layout: Layout, kind: str, dp_rank: int, stage: int, rpn: int | None,
+             peer: int | None = None) -> bool:
+    """Whether a group of `kind` that the ranks of one (DP rank, stage) call together (or,
+    for `peer`, a stage's transfer pairs) spans nodes of `rpn` ranks: `groups_at`'s groups,
+    counted arithmetically."""
+    if not rpn:
+        return False
+    dp, pp, tp = layout.dp, layout.pp, layout.tp
+    if peer is not None:  # every TP rank to its counterpart on the peer stage
+        low = min(stage, peer)
+        return _spans((dp_rank * pp + low) * tp, abs(peer - stage) * tp, 2, tp, rpn)
+    if kind == "tp":
+        return _spans((dp_rank * pp + stage) * tp, 1, tp, 1, rpn)
+    if kind == "dp":
+        return _spans(stage * tp, pp * tp, dp, tp, rpn)
+    if kind == "ep":
+        first, last = stage * tp, ((dp - 1) * pp + stage) * tp + tp - 1
+        return first // rpn != last // rpn
+    if kind in ("pp", "pp_broadcast"):
+        return _spans(dp_rank * pp * tp, tp, pp, tp, rpn)
+    raise UsageError(f"the pattern names a group {kind!r} that predict cannot place; "
+                     "one of tp, pp, dp, ep, pp_broadcast")
+
+
 def groups_at(layout: Layout, kind: str, dp_rank: int, stage: int) -> list[list[int]]:
     """The groups of `kind` that the ranks of one (DP rank, stage) call together."""
     dp, pp, tp = layout.dp, layout.pp, layout.tp
@@ -110,7 +158,10 @@ class Costs:
 
     def __init__(self, pattern: Pattern, topology: Topology) -> None:
         self.layout, self.topology = pattern.layout, topology
-        self.cache: dict[tuple[int, int, Op], Cost] = {}
+        self.cache: dict[tuple[int, int, int], Cost] = {}
+        # the same call of another layer (ops differ by tag alone) at the same level: priced
+        # once (its notes are said the first time, the same for every layer)
+        self.by_level: dict[tuple[Any, ...], Cost] = {}
         self.fits_seen = topology.fits_seen
 
     def _note(self, fits: FitTable, op: Op, kind: SweepOp | None = None) -> None:
@@ -126,26 +177,45 @@ class Costs:
         rpn, layout = self.topology.ranks_per_node, self.layout
         place = (0 if op.group in DP_GROUPS or not rpn
                  else dp_rank * layout.tp * layout.pp % rpn)
-        key = (place, stage, op)
+        key = (place, stage, id(op))  # ops live as long as their pattern, and this
         cost = self.cache.get(key)
         if cost is None:
             cost = self.cache[key] = self._cost(dp_rank, stage, op)
         return cost
 
+    def _fits(self, spans: bool, groups: Any) -> FitTable:
+        """The fits of a call whose groups span nodes or not (`Topology.fits_of`, the
+        groups built only to name a spanning one where no inter-node fits were given)."""
+        if spans and self.topology.inter is None:
+            return self.topology.fits_of(groups())
+        self.topology.used.add("inter" if spans else "intra")
+        return self.topology.inter if spans else self.topology.intra  # type: ignore[return-value]
+
     def _cost(self, dp_rank: int, stage: int, op: Op) -> Cost:
+        layout, rpn = self.layout, self.topology.ranks_per_node
+        transfer = op.kind in (OpKind.SEND, OpKind.RECV)
+        peer = (op.peer if op.peer is not None else stage) if transfer else None
+        spans = spans_at(layout, op.group, dp_rank, stage, rpn, peer)
+        key = (spans, op.kind, op.group, op.group_size, op.shape, op.out_shape, op.dtype,
+               op.transport, op.counts, peer)
+        cost = self.by_level.get(key)
+        if cost is None:
+            cost = self.by_level[key] = self._priced(dp_rank, stage, op, spans, peer)
+        return cost
+
+    def _priced(self, dp_rank: int, stage: int, op: Op, spans: bool, peer: int | None) -> Cost:
         layout = self.layout
-        if op.kind in (OpKind.SEND, OpKind.RECV):
-            peer = op.peer if op.peer is not None else stage
+        if peer is not None:
             # Every TP rank of the stage sends to its counterpart; the slowest pair counts.
-            fits = self.topology.fits_of(
-                [[rank_of(layout, dp_rank, stage, t), rank_of(layout, dp_rank, peer, t)]
-                 for t in range(layout.tp)])
+            fits = self._fits(spans, lambda: [
+                [rank_of(layout, dp_rank, stage, t), rank_of(layout, dp_rank, peer, t)]
+                for t in range(layout.tp)])
             self._note(fits, op)
             stand_in_note(fits, SweepOp.SENDRECV, 2, self.topology.notes)
             if any(k[0] == SweepOp.STREAM.value for k in fits):
                 self._note(fits, op, SweepOp.STREAM)
             return Cost(op.kind.value, gap_us(fits, op), latency_us(fits, op), peer)
-        fits = self.topology.fits_of(groups_at(layout, op.group, dp_rank, stage))
+        fits = self._fits(spans, lambda: groups_at(layout, op.group, dp_rank, stage))
         self._note(fits, op)
         if op.transport == Transport.GLOO:
             self.topology.notes.add(

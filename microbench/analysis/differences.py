@@ -52,8 +52,10 @@ def facts(run: RunFolder) -> dict[str, str]:
         "all-reduce algorithm": v.get("allreduce_algo") or "library",
         # torch's ProcessGroupNCCL or the nccl backend's grouped send/recv (GPU review R13)
         "gather/all-to-all": v.get("gather_alltoall"),
-        # a disaggregated replay's KV transfer: NIXL, MPI one-sided or send/recv, torch
+        # a disaggregated replay's KV transfer: NIXL, Mooncake, MPI one-sided or send/recv,
+        # torch
         "KV transport": m.get("kv_transport"), "NIXL": v.get("nixl"),
+        "Mooncake": v.get("mooncake"), "Mooncake protocol": v.get("mooncake_protocol"),
     }
     out.update({k: env[k] for k in sorted(env) if k.startswith(STEERING_PREFIXES)})
     return {k: UNSET if val is None else str(val) for k, val in out.items()}

@@ -49,6 +49,8 @@ def _library(meta: dict[str, Any]) -> str:
     v = meta.get("versions") or {}
     if meta.get("kv_transport") == "nixl" and v.get("nixl"):  # "nixl-cu12 1.5.1"
         return str(v["nixl"])
+    if meta.get("kv_transport") == "mooncake" and v.get("mooncake"):
+        return f"{v['mooncake']} ({v.get('mooncake_protocol', 'tcp')})"
     for key, name in (("nccl", "NCCL"), ("mpi_library", ""), ("torch", "torch")):
         if v.get(key):
             text = re.sub(r"\s*Version:?\s*", " ", str(v[key]).split(",")[0]).strip()

@@ -141,6 +141,26 @@ class Pipeline:
     def snapshot(self) -> tuple[list[float], list[dict[str, float]]]:
         return list(self.clock), [dict(k) for k in self.kinds]
 
+    def queued(self) -> dict[tuple[int, int], list[float]]:
+        return {k: list(v) for k, v in self.arrivals.items() if v}
+
+    def moved(self, clock: list[float], queued: dict[tuple[int, int], list[float]],
+              ) -> float | None:
+        """The one amount every clock and every pending arrival moved by since `clock` and
+        `queued`, or None where they moved by different amounts."""
+        shift = self.clock[0] - clock[0]
+        if any(now - then != shift for now, then in zip(self.clock, clock, strict=True)):
+            return None
+        pending = {k: v for k, v in self.arrivals.items() if v}
+        if pending.keys() != queued.keys():
+            return None
+        for key, times in pending.items():
+            was = queued[key]
+            if len(times) != len(was) or any(a - b != shift for a, b in zip(times, was,
+                                                                              strict=True)):
+                return None
+        return shift
+
 
 def _runs_by_step(lists: list[tuple[Run, ...]]) -> list[tuple[Phase, int, list[list[Op]]]]:
     """Run lists aligned (one per DP rank and stage): (phase, repeat, ops of each) for each
@@ -182,11 +202,12 @@ def _units(pattern: Pattern, topology: Topology) -> list[list[int]]:
     layout = pattern.layout
     replicas = pattern.dp_stages or (pattern.stages,)
     rpn, size = topology.ranks_per_node, layout.tp * layout.pp
-    seen: dict[tuple[object, int], int] = {}
+    seen: dict[tuple[int, int], int] = {}
     # Equal replicas (no dp_stages) differ only by their node offset, which repeats every
-    # rpn DP ranks: that many stand for a million replicas.
+    # rpn DP ranks: that many stand for a million replicas. A replica is told by its object
+    # (hashing its runs hashed every call of every step, once a DP rank).
     for d in range(layout.dp if pattern.dp_stages else min(layout.dp, max(rpn or 0, 1))):
-        seen.setdefault((replicas[d % len(replicas)], d * size % rpn if rpn else 0), d)
+        seen.setdefault((id(replicas[d % len(replicas)]), d * size % rpn if rpn else 0), d)
     distinct = {id(r): r for r in replicas}.values()  # equal replicas are often one object
     if layout.dp > 1 and any(op.group in DP_GROUPS for replica in distinct
                              for runs in replica for run in runs for op in run.step.ops):
@@ -195,26 +216,40 @@ def _units(pattern: Pattern, topology: Topology) -> list[list[int]]:
 
 
 def _simulate_unit(pattern: Pattern, costs: Costs, dp_ranks: list[int], token_order: bool,
-                   ) -> tuple[list[float], list[float], list[dict[str, float]]]:
+                   ) -> tuple[list[float], list[float], list[float], list[dict[str, float]]]:
     pp = pattern.layout.pp
     lists = [pattern.runs(s, d) for d in dp_ranks for s in range(pp)]
     pipe = Pipeline(len(dp_ranks), pp)
     prefill_end: list[float] | None = None
+    real_end: list[float] | None = None  # where vLLM's DP wave tail begins
+    real_kinds: list[dict[str, float]] | None = None
     settle = pp + TRANSIENT_STEPS
     for phase, repeat, ops in _runs_by_step(lists):
-        if phase == Phase.DECODE and prefill_end is None:
+        if phase != Phase.PREFILL and prefill_end is None:
             prefill_end = list(pipe.clock)
+        if phase == Phase.WAVE_TAIL and real_end is None:
+            real_end, real_kinds = pipe.snapshot()
         step_costs = [[costs.of(dp_ranks[v // pp], v % pp, op) for op in stage_ops]
                       for v, stage_ops in enumerate(ops)]
         simulated = min(repeat, settle)
         before = pipe.snapshot()
+        done, shift = 0, None
         for _ in range(simulated):
             before = pipe.snapshot()
+            queued = pipe.queued()
             if token_order and phase == Phase.DECODE:
                 for first in range(0, len(pipe.clock), pp):
                     pipe.clock[first] = max(pipe.clock[first], pipe.clock[first + pp - 1])
             pipe.step(step_costs)
-        left = repeat - simulated
+            done += 1
+            # Steady once a step moved every clock and every pending arrival by one amount
+            # the step before moved them by: each later step repeats it exactly (a deep
+            # pipeline's decode chain settles in two steps, not pp + 4).
+            moved = pipe.moved(before[0], queued)
+            if moved is not None and moved == shift:
+                break
+            shift = moved
+        left = repeat - done
         if left:  # steady state: every stage advances as much each step as in the last
             clock, kinds = pipe.snapshot()
             for s in range(len(clock)):
@@ -223,42 +258,51 @@ def _simulate_unit(pattern: Pattern, costs: Costs, dp_ranks: list[int], token_or
                     pipe.kinds[s][k] = v + left * (v - before[1][s].get(k, 0.0))
     if prefill_end is None:
         prefill_end = list(pipe.clock)
-    return prefill_end, list(pipe.clock), pipe.kinds
+    # per-kind times are the inference's own steps', without the wave's tail
+    return prefill_end, real_end or list(pipe.clock), list(pipe.clock), real_kinds or pipe.kinds
 
 
 def simulate(pattern: Pattern, topology: Topology, token_order: bool = False,
-             ) -> tuple[list[float], list[float], list[dict[str, float]]]:
-    """(each simulated stage's clock at the end of the prefill, at the end, per-kind time),
-    over every distinct DP rank's stages.
+             ) -> tuple[list[float], list[float], list[float], list[dict[str, float]]]:
+    """(each simulated stage's clock at the end of the prefill, at the end of the
+    inference's own steps (the start of vLLM's DP wave tail, Phase.WAVE_TAIL, or the end),
+    at the end, per-kind time of the inference's own steps), over every distinct DP rank's
+    stages.
 
     token_order: the engine's order, where a decode step begins on the first stage only once
     the last stage has sampled the previous step's token (the transfer of that token is not
     in the pattern and costs nothing here); without it, the replay's order."""
     costs = Costs(pattern, topology)
     prefill_end: list[float] = []
+    real_end: list[float] = []
     end: list[float] = []
     kinds: list[dict[str, float]] = []
     for unit in _units(pattern, topology):
-        p, e, k = _simulate_unit(pattern, costs, unit, token_order)
+        p, r, e, k = _simulate_unit(pattern, costs, unit, token_order)
         prefill_end += p
+        real_end += r
         end += e
         kinds += k
-    return prefill_end, end, kinds
+    return prefill_end, real_end, end, kinds
 
 
 def predict_pattern(pattern: Pattern, fits: FitTable | Topology, token_order: bool = False,
                     ) -> tuple[dict[str, float], list[str]]:
     """Predicted prefill, decode step, end to end and per op kind, each the slowest stage's
-    of the slowest DP rank, as replay reports the slowest rank's, and notes on
+    of the slowest DP rank, as replay reports the slowest rank's (where vLLM's DP ranks
+    run a wave's tail after the inference, `wave_tail_us` apart), and notes on
     extrapolation, bad fits and calls priced by proxy.
     token_order: decode steps in the engine's order (`simulate`), not the replay's."""
     topology = fits if isinstance(fits, Topology) else Topology(fits)
     steps = pattern.workload.decode_steps
-    prefill_end, end, kinds = simulate(pattern, topology, token_order)
+    prefill_end, real_end, end, kinds = simulate(pattern, topology, token_order)
     out: dict[str, float] = {
         "prefill_us": max(prefill_end),
-        "decode_us": max(e - p for e, p in zip(end, prefill_end, strict=True)),
-        "e2e_us": max(end)}
+        "decode_us": max(e - p for e, p in zip(real_end, prefill_end, strict=True)),
+        "e2e_us": max(real_end)}  # the inference's end, as its requests see it
+    if any(run.phase == Phase.WAVE_TAIL for run in pattern.stages[0]):
+        # vLLM's DP wave: the lockstep's dummy forwards after the inference, apart
+        out["wave_tail_us"] = max(e - r for e, r in zip(end, real_end, strict=True))
     for k in sorted({k for stage in kinds for k in stage}):
         out[f"{k}_us"] = max(stage.get(k, 0.0) for stage in kinds)
     out["decode_step_us"] = out["decode_us"] / steps if steps else 0.0
@@ -281,7 +325,8 @@ def predict_pattern(pattern: Pattern, fits: FitTable | Topology, token_order: bo
         if fit.rms_rel_error > LARGE_RMS:
             notes.add(f"the {fit.op} fit over {fit.group_size} ranks is off by "
                       f"{100 * fit.rms_rel_error:.0f}% on average: its prediction is rough")
-    headline = ("prefill_us", "decode_step_us", "e2e_us")
+    headline = ("prefill_us", "decode_step_us", "e2e_us", *(
+        ("wave_tail_us",) if "wave_tail_us" in out else ()))
     ordered = [*headline, *sorted(k for k in out if k not in (*headline, "decode_us"))]
     if not steps:
         ordered.remove("decode_step_us")
@@ -310,4 +355,35 @@ def caveats(sweep_meta: dict[str, Any], pattern: Pattern,
         out.append(f"the sweep ran on {world} ranks and the pattern has "
                    f"{pattern.layout.world_size}: contention between its groups is not "
                    "in the fits")
+    return out
+
+
+# Calls that reduce: their cost per byte depends on the element type (an MPI library sums
+# fp32 with its built-in op and bf16 with a user-defined one; NCCL's kernels differ too).
+REDUCING = frozenset({OpKind.ALLREDUCE, OpKind.REDUCESCATTER})
+
+
+def dtype_caveats(sweep_rows: list[dict[str, Any]], pattern: Pattern) -> list[str]:
+    """A reduction of the pattern in a dtype the sweep never measured for that op: its fit,
+    made of other dtypes' times, prices another reduction than the one the pattern issues.
+    Calls that only move bytes (gathers, sends) cost the same whatever their dtype."""
+    swept: dict[str, set[str]] = {}
+    for row in sweep_rows:
+        swept.setdefault(str(row.get("op")), set()).add(str(row.get("dtype")))
+    used: dict[str, set[str]] = {}
+    for replica in pattern.replicas():
+        for runs in replica:
+            for run in runs:
+                for op in run.step.ops:
+                    if op.kind in REDUCING:
+                        used.setdefault(op.kind.value, set()).add(op.dtype)
+    out = []
+    for kind, dtypes in sorted(used.items()):
+        have = swept.get(kind)
+        missing = sorted(dtypes - have) if have else []
+        if missing:
+            out.append(f"the pattern's {kind} calls are {', '.join(missing)} and the sweep "
+                       f"measured {kind} in {', '.join(sorted(have))} only: a reduction's "
+                       "time depends on its dtype, so these calls are priced from another "
+                       f"dtype's times (sweep with --dtype {missing[0]})")
     return out

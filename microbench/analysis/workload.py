@@ -27,10 +27,14 @@ def step_times_us(pattern: Any, topology: Topology) -> list[float]:
 
 
 def predict_workload(pattern: Pattern, topology: Topology) -> dict[str, Any] | None:
-    """Per-request figures of a workload pattern; None for any other pattern."""
+    """Per-request figures of a workload pattern; None for any other pattern. Over DP
+    ranks: analysis/dp_workload.py."""
     schedule = getattr(pattern, "schedule", None)
     if schedule is None:
         return None
+    if hasattr(pattern, "rank_steps"):
+        from microbench.analysis.dp_workload import predict_dp_workload
+        return predict_dp_workload(pattern, topology)  # type: ignore[arg-type]
     per_step = step_times_us(pattern, topology)
     figs = request_figures(schedule, lambda i: per_step[i])
     pct = summary(figs)
@@ -67,6 +71,10 @@ def workload_lines(w: dict[str, Any], measured: dict[str, Any] | None = None) ->
             label = f"{name}, {side}" if measured else name
             lines.append(f"{label:<46}" + "".join(
                 f"{'-' if v is None else format_us(v):>12}" for v in figures[key].values()))
+    if "dp" in w:
+        lines.append(f"DP: {w['dp']} ranks, requests routed {w['dp_routing']}; the waves' "
+                     f"tails: {plural(w['wave_tail_steps'], 'dummy forward')}, "
+                     f"{format_us(w['wave_tail_us'])} of communication")
     return lines
 
 
@@ -78,6 +86,9 @@ def kv_tokens(pattern: Pattern) -> int:
     if schedule is None:
         w = pattern.workload
         return max(w.dp_batches or (w.batch,)) * (w.prompt + w.decode)
+    if hasattr(pattern, "rank_steps"):  # over DP ranks: the fullest rank's
+        from microbench.analysis.dp_workload import dp_kv_tokens
+        return dp_kv_tokens(pattern)  # type: ignore[arg-type]
     events: dict[int, int] = {}
     for span, request in zip(schedule.spans, pattern.requests, strict=True):
         start = span.prefill[0]
@@ -97,7 +108,9 @@ def prefill_budget(pattern: Pattern) -> int | None:
     the first prefill step's T of a replica that prefills in several steps (its first chunk
     is a whole budget: vLLM captures the budget itself as a graph size, so T is not padded);
     None where every replica prefills in one step."""
-    for stages in pattern.replicas():
+    # each distinct replica once: a dense model's dp replicas are one object repeated, and
+    # walking them all made a plan's cost grow with the GPUs
+    for stages in {id(r): r for r in pattern.replicas()}.values():
         prefill = [run for run in stages[0] if run.phase == Phase.PREFILL]
         if sum(run.repeat for run in prefill) > 1:
             return prefill[0].step.tokens

@@ -8,7 +8,8 @@ stages add to every step.
   fewest requests still unfinished at its arrival (a request taken to finish its output
   steps after it arrives, at --step-time-ms a step; ties to the lowest replica), the
   balancer's aim under uneven load. Dense models only: a MoE model's DP ranks step
-  together (DP attention), which this does not model.
+  together, priced as one DP workload (analysis/dp_workload.py); --ep at dp 1 makes the EP
+  group the TP group, the same calls as without it.
 - Pipeline: vLLM keeps pp batches in flight (V1's batch queue of pp, V0's pp virtual
   engines), so a replica's requests are dealt round-robin to pp lanes, each its own stream
   of steps; a lane's step walks every stage: its TP calls (those of the pp 1 step: every
@@ -86,10 +87,9 @@ def lanes_of(make_lane: Any, model: ModelConfig, layout: Layout, requests: list[
     """`make_lane(indices)`: the workload pattern of one lane at tp, pp 1, dp 1, of the
     requests at those indices (round-robin, they depend on dp x pp alone: layouts of one tp
     and one dp x pp share their lanes, which the maker may keep)."""
-    if model.is_moe and (layout.dp > 1 or layout.ep):
-        raise ConfigError("--requests over DP replicas of a MoE model (DP attention, whose "
-                          "ranks step together) is not modelled; plan prices its dp 1 "
-                          "layouts")
+    if model.is_moe and layout.dp > 1:
+        raise ConfigError("a MoE model's DP ranks step together: plan prices them as one DP "
+                          "workload (analysis/dp_workload.py), not as replicas")
     lanes = []
     for replica in route(requests, layout.dp, routing, step_time_s):
         for k in range(layout.pp):

@@ -1,4 +1,5 @@
-"""What carries the KV blocks in a replay: NIXL (as vLLM and SGLang call it), MPI one-sided
+"""What carries the KV blocks in a replay: NIXL (as vLLM and SGLang call it), Mooncake's
+transfer engine (as SGLang calls it: mooncake_transport.py), MPI one-sided
 (a window, Get or Put: MPI's READ and WRITE), MPI send/recv and torch.distributed send/recv,
 each behind one small class.
 
@@ -29,6 +30,9 @@ class PairDescs:
     src: np.ndarray  # uint64 offsets into the prefill rank's buffer
     dst: np.ndarray  # uint64 offsets into the decode rank's buffer
     length: np.ndarray  # uint64 bytes of each descriptor
+    # (first, count) of each batch the connector hands its library in one call (Mooncake's
+    # batch_transfer_sync_*, patterns KVTransfer.batches); None: the pair's list is one
+    batches: list[tuple[int, int]] | None = None
 
 
 @dataclass
@@ -343,12 +347,39 @@ class Nixl:
 
     def close(self) -> None:
         self.clear()
+        for name in self.remotes.values():  # while the peers' agents still exist
+            self.agent.remove_remote_agent(name)
+        self.remotes = {}
         self.agent.deregister_memory(self.registered)
 
 
-def open_transport(name: str, rank: int, comm: Any | None, nixl_thread: bool = False) -> Any:
+# Transports whose libraries may crash in their ELF destructors at process exit (see
+# ranks/teardown.exit_past_library_destructors): their ranks end without running them.
+ENDS_PAST_DESTRUCTORS = frozenset({"nixl"})
+
+
+def mooncake_options(args: Any) -> tuple[str | None, str | None]:
+    return getattr(args, "mooncake_protocol", None), getattr(args, "mooncake_host", None)
+
+
+def check_transport_here(args: Any) -> None:
+    """Before any rank starts: the chosen transport's library is there and takes the
+    options given (one line, exit status 2, where not)."""
+    if args.kv_transport == "nixl":
+        import_nixl()
+    elif args.kv_transport == "mooncake":
+        from microbench.backends.mooncake_transport import check_mooncake
+        check_mooncake(*mooncake_options(args))
+
+
+def open_transport(name: str, rank: int, comm: Any | None, nixl_thread: bool = False,
+                   mooncake: tuple[str | None, str | None] = (None, None)) -> Any:
+    """mooncake: (--mooncake-protocol, --mooncake-host), None for the defaults."""
     if name == "nixl":
         return Nixl(rank, nixl_thread)
+    if name == "mooncake":
+        from microbench.backends.mooncake_transport import Mooncake
+        return Mooncake(rank, *mooncake)
     if name == "torch":
         return TorchP2P()
     if comm is None:

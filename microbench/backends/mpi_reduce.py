@@ -151,6 +151,8 @@ class MpiTypes:
             "int64": (MPI.INT64_T, np.int64, MPI.SUM, "native"),
             "int32": (MPI.INT32_T, np.int32, MPI.SUM, "native"),
             "uint8": (MPI.UINT8_T, np.uint8, MPI.SUM, "native"),
+            # gathered, broadcast and sent only (a routing map); reduced, a logical or
+            "bool": (MPI.C_BOOL, np.bool_, MPI.LOR, "native"),
         }
 
     def _user_op(self, fn: Any) -> MPI.Op:

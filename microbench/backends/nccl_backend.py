@@ -21,14 +21,13 @@ Buffers are CuPy arrays (bf16 stored as uint16 with NCCL's bfloat16 datatype). E
 is issued on one dedicated non-blocking stream, which is also where --check copies and CUDA
 events go. gather and alltoall are grouped send/recv exactly as torch's ProcessGroupNCCL
 issues them. The unique id of each communicator is shared through a torch TCPStore on
-MASTER_ADDR:MASTER_PORT (rank 0 serves it), or through MPI under an MPI launcher.
+MASTER_ADDR:MASTER_PORT (rank 0 serves it; under torchrun, the one its agent already serves
+there), or through MPI under an MPI launcher.
 """
 
 import importlib.util
-import pickle
 import threading
 from collections.abc import Callable
-from datetime import timedelta
 from functools import partial
 from typing import Any
 
@@ -36,14 +35,18 @@ import numpy as np
 
 from microbench.argtypes import UsageError
 from microbench.backends import BoundCall, Group, displacements, register
-from microbench.ranks.dist import DistEnv, resolve_master_addr
+from microbench.backends.nccl_exchange import open_exchange
+from microbench.ranks.dist import DistEnv
 
 CUPY_MISSING = "the nccl backend needs CuPy: pip install 'infercomm[cuda]'"
 
 STORAGE = {"bf16": np.uint16, "fp16": np.float16, "fp32": np.float32, "int64": np.int64,
-           "int32": np.int32, "uint8": np.uint8}
+           "int32": np.int32, "uint8": np.uint8, "bool": np.bool_}
+# NCCL has no bool: torch's ProcessGroupNCCL sends at::kBool as ncclUint8 (its ncclDataType
+# map), and so does this backend
 _NCCL_TYPE_NAMES = {"bf16": "NCCL_BFLOAT16", "fp16": "NCCL_FLOAT16", "fp32": "NCCL_FLOAT32",
-                    "int64": "NCCL_INT64", "int32": "NCCL_INT32", "uint8": "NCCL_UINT8"}
+                    "int64": "NCCL_INT64", "int32": "NCCL_INT32", "uint8": "NCCL_UINT8",
+                    "bool": "NCCL_UINT8"}
 _NCCL_BFLOAT16 = 9  # ncclBfloat16 in nccl.h (NCCL >= 2.10), for CuPy versions without the name
 
 
@@ -82,7 +85,7 @@ class NcclBackend:
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self._types = {d: getattr(nccl, n, _NCCL_BFLOAT16 if d == "bf16" else None)
                        for d, n in _NCCL_TYPE_NAMES.items()}
-        self._exchange = _open_exchange(env, timeout)
+        self._exchange = open_exchange(env, timeout)
         self._groups_made = 0
         self._comms: list[Any] = []  # in creation order, destroyed in that order
         self._comms_lock = threading.Lock()  # new_group/close vs the watchdog's async_error
@@ -293,75 +296,6 @@ def _communicator(cupy: Any, nccl: Any, size: int, unique_id: bytes, index: int)
                                      index)
     except OverflowError:  # ... and unsigned on ARM and POWER
         return nccl.NcclCommunicator(size, tuple(unique_id), index)
-
-
-class _StoreExchange:
-    """A torch TCPStore on MASTER_ADDR:MASTER_PORT served by rank 0 (no process group)."""
-
-    name = "tcp-store"
-
-    def __init__(self, env: DistEnv, timeout: float) -> None:
-        try:
-            from torch.distributed import TCPStore
-        except ImportError:
-            raise UsageError("the nccl backend shares NCCL's unique id through torch's "
-                             "TCPStore, or through MPI under mpiexec/srun --mpi: install "
-                             "torch, or mpi4py and launch with MPI") from None
-        self.rank, self.size, self._seq = env.rank, env.world_size, 0
-        self.store = TCPStore(resolve_master_addr(env.master_addr), env.master_port,
-                              env.world_size, env.rank == 0, timedelta(seconds=timeout))
-
-    def share(self, key: str, root: int, make: Callable[[], bytes] | None,
-              member: bool) -> bytes | None:
-        if self.rank == root and make is not None:
-            data = make()
-            self.store.set(key, data)
-            return data
-        return bytes(self.store.get(key)) if member else None
-
-    def allgather(self, obj: Any) -> list[Any]:
-        self._seq += 1
-        prefix = f"infercomm/objects/{self._seq}/"
-        self.store.set(prefix + str(self.rank), pickle.dumps(obj))
-        return [pickle.loads(self.store.get(prefix + str(r))) for r in range(self.size)]
-
-    def close(self) -> None:
-        self.store = None
-
-
-class _MpiExchange:
-    """MPI_COMM_WORLD, when an MPI launcher started the ranks."""
-
-    name = "mpi"
-
-    def __init__(self, env: DistEnv) -> None:
-        from mpi4py import MPI
-
-        from microbench.ranks import shm
-        self.comm = MPI.COMM_WORLD
-        self.rank = self.comm.Get_rank()
-        shm.note_segments(self.rank)  # MPICH's /dev/shm segment: the launcher removes it
-        if self.comm.Get_size() != env.world_size:
-            raise UsageError(f"the launcher started {env.world_size} ranks but MPI sees a "
-                             f"world of {self.comm.Get_size()}; launch with the MPI library's "
-                             "mpiexec or srun --mpi=pmi2/pmix")
-
-    def share(self, key: str, root: int, make: Callable[[], bytes] | None,
-              member: bool) -> bytes | None:
-        data = make() if self.rank == root and make is not None else None
-        return self.comm.bcast(data, root=root)  # every rank calls new_group, so all join
-
-    def allgather(self, obj: Any) -> list[Any]:
-        return self.comm.allgather(obj)
-
-    def close(self) -> None:
-        pass
-
-
-def _open_exchange(env: DistEnv, timeout: float) -> "_StoreExchange | _MpiExchange":
-    if env.launcher in ("openmpi", "pmi") and importlib.util.find_spec("mpi4py") is not None:
-        return _MpiExchange(env)
-    return _StoreExchange(env, timeout)
 
 
 # --- host copies for --check, and version strings ---

@@ -14,7 +14,8 @@ from microbench.ranks.device import check_device_index
 from microbench.ranks.dist import DistEnv, rendezvous_address, resolve_master_addr
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
-                "int64": torch.int64, "int32": torch.int32, "uint8": torch.uint8}
+                "int64": torch.int64, "int32": torch.int32, "uint8": torch.uint8,
+                "bool": torch.bool}
 
 # torch 2.13 renamed the *_into_tensor / *_tensor calls to *_single (same arguments) and warns
 # on the old names; take whichever this torch has.

@@ -163,6 +163,9 @@ def run(args: argparse.Namespace) -> int:
                          f"{args.format} into")
     pairs = _sides(args)
     predicted = predicted_for(pairs[0][0][0], args.sweep)
+    from microbench.results.runs import refuse_mixed_standins
+    refuse_mixed_standins([r for a, b in pairs for r in (*a, *b)]
+                          + ([load_run(args.sweep)] if args.sweep else []))
     if args.a_runs is not None:
         results = compare_groups(pairs[0][0], pairs[0][1], args.threshold, args.drift,
                                  predicted)

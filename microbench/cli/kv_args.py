@@ -7,6 +7,7 @@ import argparse
 from microbench.argtypes import UsageError, positive_int
 from microbench.options.disagg_args import (
     DEFAULT_DESCRIPTORS,
+    MOONCAKE_PROTOCOLS,
     TRANSPORTS,
     disagg_from_args,
     refuse_layout_options,
@@ -42,13 +43,21 @@ def print_disagg(args: argparse.Namespace) -> int:
 def add_kv_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-transport", choices=TRANSPORTS, default=None,
                         help="with --disagg: what moves the KV blocks: nixl (NIXL's UCX "
-                             "backend), rma (MPI one-sided Get/Put), p2p (MPI send/recv) or "
+                             "backend), mooncake (Mooncake's transfer engine, SGLang's "
+                             "batches), rma (MPI one-sided Get/Put), p2p (MPI send/recv) or "
                              "torch (torch.distributed send/recv of packed descriptors); rma "
                              "and p2p need --backend mpi, torch --backend torch (default: rma "
                              "with --backend mpi, else nixl)")
     parser.add_argument("--nixl-progress-thread", action="store_true",
                         help="with --kv-transport nixl: keep NIXL's progress thread (4 "
                              "threads, as vLLM); default: the ranks progress UCX by polling")
+    parser.add_argument("--mooncake-protocol", choices=MOONCAKE_PROTOCOLS, default=None,
+                        help="with --kv-transport mooncake: the transfer engine's protocol, "
+                             "tcp (default) or rdma (the host's RDMA devices)")
+    parser.add_argument("--mooncake-host", default=None, metavar="ADDR",
+                        help="with --kv-transport mooncake: the address each rank's engine "
+                             "listens at and is reached at (default: 127.0.0.1 when every "
+                             "rank runs on one host, else the address of each host's name)")
     parser.add_argument("--with-collectives", action="store_true",
                         help="with --disagg: each side's collectives too, each timed alone: "
                              "the prefill side's prefill step, the transfer, the decode side's "

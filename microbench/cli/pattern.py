@@ -12,6 +12,7 @@ from microbench.views.pattern import (
     steps_text,
 )
 from patterns import volume_bytes
+from patterns.dp_steps import wave_tail
 from patterns.volume import as_number
 
 
@@ -37,6 +38,10 @@ def run(args: argparse.Namespace) -> int:
     from patterns.workload.steps import WorkloadPattern
     if isinstance(pattern, WorkloadPattern):  # --requests: steps and per-request figures
         from microbench.views.workload import print_workload
+        from patterns.workload.dp_pattern import DPWorkloadPattern
+        if isinstance(pattern, DPWorkloadPattern) and not args.steps:  # over DP ranks
+            from microbench.views.dp_workload import print_dp_workload
+            return print_dp_workload(pattern, args.format)
         return print_workload(pattern, args.format, args.steps)
     if args.format == "json":
         print(json.dumps(pattern_document(pattern, with_steps=args.steps),
@@ -51,5 +56,8 @@ def run(args: argparse.Namespace) -> int:
                "ep": pattern.layout.ep,
                "calls_per_inference": calls_per_inference(pattern),
                "volume_bytes": as_number(volume_bytes(pattern)["total"])}
+    tail_steps, _ = wave_tail(pattern.stages[0])
+    if tail_steps:
+        summary["wave_tail_steps"] = tail_steps
     print(json.dumps(summary, separators=(",", ":")))
     return 0

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from microbench.analysis.fits import LARGE_RMS, Fit, Topology, topology_from, unstable_sizes
-from microbench.analysis.predict import caveats, predict_pattern
+from microbench.analysis.predict import caveats, dtype_caveats, predict_pattern
 from microbench.argtypes import UsageError, positive_int
 from microbench.options.pattern_args import add_pattern_arguments, pattern_from_args
 from microbench.results.runs import (
@@ -111,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
     if args.against is not None:
         replay, pattern, measured = measured_medians(args.against,
                                                      rebuild=args.model is None)
+    from microbench.results.runs import refuse_mixed_standins
+    refuse_mixed_standins([sweep, *(r for r in (inter, replay) if r is not None)])
     if args.model is not None:
         missing = [f"--{n}" for n in ("prompt", "decode") if getattr(args, n) is None]
         if missing and not args.requests:  # a workload brings its own prompts and outputs
@@ -126,11 +128,16 @@ def run(args: argparse.Namespace) -> int:
                              args.ranks_per_node)
     from microbench.analysis.algo_costs import with_algorithm
     topology = with_algorithm(topology, args.allreduce_algo)
-    predicted, notes = predict_pattern(pattern, topology)
+    if hasattr(pattern, "rank_steps"):  # --requests over DP ranks: analysis/dp_workload.py
+        from microbench.analysis.dp_workload import dp_predicted
+        predicted, notes = dp_predicted(pattern, topology)  # type: ignore[arg-type]
+    else:
+        predicted, notes = predict_pattern(pattern, topology)
     from microbench.analysis.workload import measured_workload, predict_workload, workload_lines
     workload = predict_workload(pattern, topology)  # --requests: per-request figures
     measured_w = measured_workload(replay.path) if replay is not None and workload else None
     warnings = caveats(sweep.meta, pattern, replay.meta if replay is not None else None)
+    warnings += dtype_caveats(sweep_table(sweep), pattern)
     warnings += unstable_sizes(sweep_table(sweep))  # analysis/fits.py: UNSTABLE_FACTOR
     for w in warnings:
         sys.stderr.write(f"infercomm predict: warning: {w}\n")

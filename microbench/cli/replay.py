@@ -255,7 +255,7 @@ def run_rank(pattern: Pattern, env: dist.DistEnv, args: argparse.Namespace) -> i
         samples = RankSamples(backend.rank, plan.stage, socket.gethostname(), args.timing,
                               marks, replayer.prefill_mark, replayer.step_marks, wrong,
                               np.array(replayer.kind_times) if op_level else None,
-                              replayer.kind_calls if op_level else None)
+                              replayer.kind_calls if op_level else None, replayer.tail_mark)
         gathered = backend.allgather_object(samples)
         ops_csv, ops_error = (_gather_ops(pattern, replayer, backend, args.iters)
                               if op_level else (None, None))
@@ -264,6 +264,13 @@ def run_rank(pattern: Pattern, env: dist.DistEnv, args: argparse.Namespace) -> i
         args.local_ranks = backend.allgather_object(  # each rank's placement, in meta.json
             {"rank": env.rank, "local_rank": env.local_rank, "from": env.local_var or None,
              "gpu": index if device == "cuda" else None, "graphs": len(plan.graphs)})
+        from microbench.replay.graphs import release_graphs
+        release_graphs(plan, backend)  # NCCL's destroy waits for graphs that captured it
+        # Every rank closes before rank 0 writes: the close's barrier (nccl) would otherwise
+        # hold the other ranks while rank 0 writes a large result, until their watchdogs end
+        # them. Nothing is left to wait on a peer, so rank 0 writes without a watchdog.
+        backend.close()
+        watchdog.stop()
         status = 0
         if backend.rank == 0:
             from microbench.replay.output import write_replay
@@ -282,9 +289,6 @@ def run_rank(pattern: Pattern, env: dist.DistEnv, args: argparse.Namespace) -> i
                 status = WRITE_ERROR_EXIT_STATUS
         else:
             status = 1 if any(s.wrong for s in gathered) else 0
-        from microbench.replay.graphs import release_graphs
-        release_graphs(plan, backend)  # NCCL's destroy waits for graphs that captured it
-        backend.close()
         return status
     except (UsageError, ConfigError):
         raise

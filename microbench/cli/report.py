@@ -59,6 +59,8 @@ def _inputs(args: argparse.Namespace) -> tuple[list[RunFolder], RunFolder | None
     sweep = load_run(args.sweep) if args.sweep else None
     if sweep is not None and sweep.kind != "sweep":
         raise UsageError(f"--sweep {args.sweep}: a {sweep.kind} run; pass a sweep run")
+    from microbench.results.runs import refuse_mixed_standins
+    refuse_mixed_standins(runs + ([sweep] if sweep is not None else []))
     return runs, sweep
 
 

@@ -136,7 +136,9 @@ def refuse_unused_options(args: argparse.Namespace) -> None:
         ("--kv-descriptors", args.kv_descriptors, None),
         ("--kv-direction", args.kv_direction, "read"),
         ("--kv-transport", args.kv_transport, None),
-        ("--nixl-progress-thread", args.nixl_progress_thread, False)) if value != default]
+        ("--nixl-progress-thread", args.nixl_progress_thread, False),
+        ("--mooncake-protocol", args.mooncake_protocol, None),
+        ("--mooncake-host", args.mooncake_host, None)) if value != default]
     if kv and args.op != ["kvtransfer"]:
         raise UsageError(f"{', '.join(kv)} act{'s' if len(kv) == 1 else ''} only with --op "
                          f"kvtransfer; drop {'it' if len(kv) == 1 else 'them'} or sweep --op "
@@ -251,6 +253,7 @@ def run_rank(cases: list[Case], skipped: list[str], pattern: Pattern | None,
             select_device(env, args.backend)
         backend = open_backend(args.backend, env=env, device=device, timeout=args.timeout,
                                staging=args.mpi_staging)
+        watchdog.check = getattr(backend, "async_error", None)  # NCCL's async errors, as replay
         from microbench.algorithms.args import wrap
         from microbench.sweep.output import write_sweep
 
@@ -264,6 +267,8 @@ def run_rank(cases: list[Case], skipped: list[str], pattern: Pattern | None,
         watchdog.where = "collecting results"
         gathered = backend.allgather_object((socket.gethostname(), results))
         wrong = sum(w or 0 for _, rank_results in gathered for _, w in rank_results)
+        backend.close()  # every rank, before rank 0 writes (as replay: no barrier on a disk)
+        watchdog.stop()
         if backend.rank == 0:
             for note in skipped:
                 sys.stderr.write(f"infercomm sweep: skipped {note}\n")
@@ -273,9 +278,7 @@ def run_rank(cases: list[Case], skipped: list[str], pattern: Pattern | None,
             if error is not None:
                 from microbench.results.store import WRITE_ERROR_EXIT_STATUS, write_error_message
                 sys.stderr.write(write_error_message("sweep", args.out, error, kept))
-                backend.close()
                 return WRITE_ERROR_EXIT_STATUS
-        backend.close()
         return 1 if wrong else 0
     except (UsageError, ConfigError):
         raise

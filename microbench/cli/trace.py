@@ -5,6 +5,7 @@ import csv
 import io
 import json
 
+from microbench.argtypes import UsageError, positive_int
 from microbench.views.textfmt import format_bytes, render_table
 from patterns.errors import printable
 from patterns.traces import read_traces
@@ -21,11 +22,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("files", nargs="+", metavar="FILE", help="log or Kineto JSON files")
     parser.add_argument("--format", choices=("table", "json", "csv"), default="table",
                         help="table for people; json (one document) or csv for tools")
+    parser.add_argument("--dp", type=positive_int, default=1, metavar="N",
+                        help="the files are N DP engines' as many files each, DP rank 0's "
+                             "first, each engine numbering its ranks from 0 (vLLM's dense DP "
+                             "engines): DP rank k's rank r is shown as k x files/N + r")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    trace = read_traces(args.files)
+    per = len(args.files) // args.dp
+    if per * args.dp != len(args.files):
+        raise UsageError(f"--dp {args.dp} with {len(args.files)} files: give each DP rank's "
+                         f"files, as many for every DP rank")
+    trace = read_traces(args.files, [i // per * per for i in range(len(args.files))])
     doc = trace_document(trace)
     if args.format == "json":
         print(json.dumps(doc, separators=(",", ":")))

@@ -10,7 +10,8 @@ from microbench.argtypes import UsageError, positive_int
 from patterns import EngineOptions, Workload, resolve_model
 from patterns.disagg import KV_CACHE_DTYPES, DisaggPattern, generate_disagg, parse_disagg
 
-TRANSPORTS = ("nixl", "rma", "p2p", "torch")  # replay --kv-transport
+TRANSPORTS = ("nixl", "mooncake", "rma", "p2p", "torch")  # replay --kv-transport
+MOONCAKE_PROTOCOLS = ("tcp", "rdma")  # --mooncake-protocol (backends/mooncake_transport.py)
 DEFAULT_DESCRIPTORS = 64  # sweep --op kvtransfer: descriptors a transfer
 
 
@@ -77,6 +78,7 @@ def engine_options(args: argparse.Namespace) -> EngineOptions:
                          control_plane=args.control_plane, gpu=args.gpu,
                          nccl_only=args.nccl_only, model_runner=args.model_runner,
                          max_num_seqs=args.max_num_seqs, sp=args.sp,
+                         return_log_probs=getattr(args, "return_log_probs", False),
                          async_scheduling=getattr(args, "async_scheduling", None),
                          disable_overlap_schedule=getattr(args, "disable_overlap_schedule",
                                                           False))
@@ -96,6 +98,8 @@ def refuse_disagg_options(args: argparse.Namespace) -> None:
          else getattr(args, "kv_block_size", None), None),
         ("--kv-transport", getattr(args, "kv_transport", None), None),
         ("--nixl-progress-thread", getattr(args, "nixl_progress_thread", False), False),
+        ("--mooncake-protocol", getattr(args, "mooncake_protocol", None), None),
+        ("--mooncake-host", getattr(args, "mooncake_host", None), None),
         ("--with-collectives", getattr(args, "with_collectives", False), False))
         if value != default]
     if given:
@@ -124,3 +128,8 @@ def choose_kv_transport(args: argparse.Namespace) -> None:
     if args.kv_transport == "torch" and args.backend != "torch":
         raise UsageError("--kv-transport torch issues torch.distributed calls; use --backend "
                          "torch")
+    given = [flag for flag in ("--mooncake-protocol", "--mooncake-host")
+             if getattr(args, flag[2:].replace("-", "_"), None) is not None]
+    if given and args.kv_transport != "mooncake":
+        raise UsageError(f"{' and '.join(given)} act(s) with --kv-transport mooncake; add it "
+                         f"or drop {'it' if len(given) == 1 else 'them'}")

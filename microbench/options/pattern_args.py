@@ -95,12 +95,22 @@ def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True
                             "speculation): a finished request holds its running slot one more "
                             "step; --no-async-scheduling: the synchronous scheduler (what "
                             "vLLM's CPU build runs)")
+    group.add_argument("--no-wave-tail", dest="wave_tail", action="store_false",
+                       help="vllm, a MoE model at --dp > 1: leave out the DP wave's tail (the "
+                            "dummy forwards every DP rank runs after the last real step until "
+                            "the wave's sync every 32 steps): the inference alone, as under "
+                            "traffic that keeps the wave running")
     group.add_argument("--disable-overlap-schedule", action="store_true",
                        help="sglang: the overlap scheduler off, SGLang's flag (on by default: "
                             "a finished request rides one more decode batch)")
     group.add_argument("--sp", action="store_true",
-                       help="megatron: sequence parallelism (each all-reduce becomes a "
-                            "reduce-scatter and an all-gather)")
+                       help="megatron: sequence parallelism; its static engine refuses it for "
+                            "dense models and runs it for MoE only switched off outside the "
+                            "MoE layers: refused here (not modelled)")
+    group.add_argument("--return-log-probs", action="store_true",
+                       help="megatron: the requests ask for log-probs (return_log_probs): the "
+                            "prefill gathers and broadcasts the logits of every prompt "
+                            "position, not only the last")
     from microbench.options.disagg_args import add_disagg_arguments
     add_disagg_arguments(group)
     from microbench.options.workload_args import add_workload_arguments
@@ -156,7 +166,9 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
     return EngineOptions(eager=args.eager, max_batched_tokens=args.max_batched_tokens,
                          control_plane=args.control_plane, gpu=args.gpu,
                          nccl_only=args.nccl_only, model_runner=args.model_runner,
-                         max_num_seqs=args.max_num_seqs, sp=args.sp, a2a=args.a2a,
+                         max_num_seqs=args.max_num_seqs, sp=args.sp,
+                         return_log_probs=getattr(args, "return_log_probs", False),
+                         a2a=args.a2a,
                          moe_backend=args.moe_backend,
                          async_scheduling=getattr(args, "async_scheduling", None),
                          disable_overlap_schedule=getattr(args, "disable_overlap_schedule",
@@ -164,5 +176,6 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
                          pp_whole_tensors=getattr(args, "pp_whole_tensors", False),
                          tensor_device=getattr(args, "tensor_device", "cuda"),
                          prefix_caching=getattr(args, "prefix_caching", None),
+                         wave_tail=getattr(args, "wave_tail", True),
                          kv_block_size=(getattr(args, "kv_block_size", None)
                                         if getattr(args, "requests", None) else None))

@@ -23,6 +23,11 @@ def add_workload_arguments(group: argparse._ArgumentGroup) -> None:
                        help="with --requests: the time of one engine step (compute is not "
                             "modelled), which turns arrival times into steps; needed unless "
                             "every request arrives at 0")
+    group.add_argument("--dp-routing", choices=("least-loaded", "round-robin"), default=None,
+                       help="with --requests at --dp N: how requests reach the DP ranks "
+                            "(default: the engine's front end: vllm least-loaded, its DP load "
+                            "balancer's fewest requests in flight; sglang round-robin, its "
+                            "DataParallelController's default)")
     group.add_argument("--mixed-chunk", action="store_true",
                        help="sglang with --requests: --enable-mixed-chunk (decodes ride in "
                             "prefill steps)")
@@ -73,8 +78,9 @@ def workload_from_args(args: argparse.Namespace, options: EngineOptions) -> "Wor
         requests = [Request(0.0, args.prompt, args.decode)] * args.batch
         source = f"batch {args.batch} x prompt {args.prompt}, decode {args.decode}"
     if args.dp_batches is not None:
-        raise UsageError("--dp-batches does not go with --requests or --speculative-config "
-                         "(one replica)")
+        raise UsageError("--dp-batches gives each DP rank one batch; with --requests the "
+                         "requests are routed to the DP ranks (--dp-routing): drop "
+                         "--dp-batches")
     model = resolve_model(args.model)
     if getattr(args, "name", None):
         from dataclasses import replace
@@ -94,7 +100,7 @@ def workload_from_args(args: argparse.Namespace, options: EngineOptions) -> "Wor
                                step_time_s, spec, source, args.mixed_chunk,
                                flag="--requests" if args.requests else "--speculative-config",
                                progress=progress_line if len(requests) >= PROGRESS_FROM
-                               else None)
+                               else None, dp_routing=getattr(args, "dp_routing", None))
     if unsorted:  # said once the workload is accepted: a refusal stays one line
         sys.stderr.write(f"infercomm: note: {unsorted}\n")
     return pattern
@@ -125,6 +131,9 @@ def refuse_workload_options(args: argparse.Namespace) -> None:
     if getattr(args, "prefix_caching", None) is not None:  # its False is given too
         raise UsageError("--prefix-caching / --no-prefix-caching go with --requests: only a "
                          "workload's requests name shared prefixes (prefix_id)")
+    if getattr(args, "dp_routing", None) is not None:  # as plan's refuse_alone words it
+        raise UsageError("--dp-routing acts only with --requests; add --requests or drop "
+                         "--dp-routing")
     for flag in ("--step-time-ms", "--mixed-chunk", "--acceptance-length", "--acceptance-rate"):
         if getattr(args, flag[2:].replace("-", "_"), None):
             raise UsageError(f"{flag} goes with --requests (or --speculative-config for "

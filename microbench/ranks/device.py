@@ -60,15 +60,53 @@ def device_count(backend: str) -> int:
     return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
 
 
+def _sees_only_its_own(env: DistEnv, count: int, environ: Any) -> bool:
+    """srun --gpus-per-task=K gives each task its own K GPUs (SLURM_GPUS_PER_TASK,
+    sbatch/srun OUTPUT ENVIRONMENT VARIABLES; CUDA_VISIBLE_DEVICES and the task's cgroup
+    set per task): a task that sees exactly K sees its own GPUs only."""
+    per_task = environ.get("SLURM_GPUS_PER_TASK", "")
+    return per_task.isdigit() and int(per_task) == count > 0 and env.local_var == "SLURM_LOCALID"
+
+
+def _tasks_on_this_node(environ: Any) -> int | None:
+    """The step's tasks on this node: SLURM_STEP_TASKS_PER_NODE ('4(x2),2') at SLURM_NODEID."""
+    spec = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE", "")
+    node = environ.get("SLURM_NODEID", "")
+    counts: list[int] = []
+    for part in filter(None, spec.split(",")):
+        number, _, times = part.partition("(x")
+        if not number.isdigit() or (times and not times.rstrip(")").isdigit()):
+            return None
+        counts += [int(number)] * (int(times.rstrip(")")) if times else 1)
+    return counts[int(node)] if node.isdigit() and int(node) < len(counts) else None
+
+
+def isolated_gpus_warning(env: DistEnv, count: int, environ: Any = None) -> str | None:
+    """A warning (rank 0's, one line) where each task sees only its own GPU and shares its
+    node with other tasks of the run: NCCL then cannot see the NVLink between the node's
+    GPUs and falls back to PCIe or shared memory without an error ("NCCL needs to see all
+    GPUs on the same node for all NVLink detection to work properly", NVIDIA/nccl#1066),
+    and CUDA IPC between the tasks' MPI buffers fails the same way (open-mpi/ompi#11949), so
+    the figures would pass for the node's and are not."""
+    e = os.environ if environ is None else environ
+    if env.world_size < 2 or not _sees_only_its_own(env, count, e):
+        return None
+    if _tasks_on_this_node(e) == 1:  # alone on its node: nothing to isolate it from
+        return None
+    return ("[infercomm] srun --gpus-per-task: each task sees only its own GPU, so NCCL cannot "
+            "see NVLink between the tasks of a node and falls back to PCIe or shared memory "
+            "(NVIDIA/nccl#1066): these are not the node's figures; use srun "
+            "--gpus-per-node=N --gpu-bind=none (each task then takes its local rank's GPU)\n")
+
+
 def check_device_index(env: DistEnv, count: int, environ: Any = None) -> int:
     """The rank's device: its local rank, refused when this host has no such GPU.
 
-    One exception: srun --gpus-per-task=K gives each task its own K GPUs (SLURM_GPUS_PER_TASK,
-    sbatch/srun OUTPUT ENVIRONMENT VARIABLES; CUDA_VISIBLE_DEVICES set per task), so a task
-    that sees exactly K takes the first of its own, whatever its local rank."""
+    One exception: a task of srun --gpus-per-task=K that sees exactly K GPUs (its own) takes
+    the first of them, whatever its local rank; it runs, but isolated_gpus_warning says why
+    its figures are not the node's."""
     env_vars = os.environ if environ is None else environ
-    per_task = env_vars.get("SLURM_GPUS_PER_TASK", "")
-    if per_task.isdigit() and int(per_task) == count > 0 and env.local_var == "SLURM_LOCALID":
+    if _sees_only_its_own(env, count, env_vars):
         return 0
     if not env.local_var and env.world_size > 1:  # every rank would take GPU 0
         raise UsageError(
@@ -80,15 +118,19 @@ def check_device_index(env: DistEnv, count: int, environ: Any = None) -> int:
         raise UsageError(
             f"rank {env.rank} has local rank {env.local_rank} (from {source}) but this host "
             f"sees {count} GPU{'s' if count != 1 else ''}; every task must see all its "
-            "node's GPUs (srun --gpus-per-node=N --gpu-bind=none) or only its own (srun "
-            "--gpus-per-task=1), with at most one rank a GPU (--ntasks-per-node, torchrun "
-            "--nproc-per-node)")
+            "node's GPUs (srun --gpus-per-node=N --gpu-bind=none), with at most one rank a "
+            "GPU (--ntasks-per-node, torchrun --nproc-per-node)")
     return env.local_rank
 
 
 def select_device(env: DistEnv, backend: str) -> int:
     """Make the rank's GPU current, before MPI_Init and before any other CUDA call."""
-    index = check_device_index(env, device_count(backend))
+    count = device_count(backend)
+    index = check_device_index(env, count)
+    warning = isolated_gpus_warning(env, count) if env.rank == 0 else None
+    if warning is not None:
+        import sys
+        sys.stderr.write(warning)
     if backend == "nccl":
         import cupy
         cupy.cuda.Device(index).use()

@@ -41,15 +41,21 @@ class DistEnv:
 
 
 def first_slurm_host(nodelist: str) -> str:
-    """The first host of a Slurm node list: 'gpu[003-005,009],login1' -> 'gpu003'."""
-    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
-    if not match:
-        return nodelist
-    prefix, ranges = match.groups()
-    if not ranges:
-        return prefix
-    first = ranges.split(",")[0].split("-")[0]
-    return prefix + first
+    """The first host of a Slurm node list: 'gpu[003-005,009],login1' -> 'gpu003',
+    'gpu[01-02]-ib' -> 'gpu01-ib', 'r[1-2]n[07-08]' -> 'r1n07'. A host expression is text
+    with any number of bracketed ranges, each standing for its first value (zero padding
+    kept); expressions are separated by commas outside brackets (Slurm's hostlist syntax,
+    scontrol show hostnames)."""
+    text = nodelist.strip()
+    first, depth = [], 0
+    for char in text:
+        if char == "," and depth == 0:
+            break
+        depth += (char == "[") - (char == "]")
+        first.append(char)
+    host = "".join(first)
+    return re.sub(r"\[([^\]]*)\]", lambda m: m.group(1).split(",")[0].split("-")[0],
+                  host) or nodelist
 
 
 def slurm_port(job_id: str) -> int:

@@ -27,15 +27,27 @@ def step_durations(samples: RankSamples) -> np.ndarray:
     return ends - starts
 
 
+def _own_end(r: RankSamples) -> np.ndarray:
+    """Where the inference's own steps end on a rank: before vLLM's DP wave tail."""
+    return r.marks[:, -1 if r.tail_mark is None else r.tail_mark]
+
+
 def per_iteration(ranks: list[RankSamples], prefill_steps: int) -> dict[str, np.ndarray]:
-    """Rank-max figures of each timed inference."""
-    e2e = np.max([r.marks[:, -1] for r in ranks], axis=0)
+    """Rank-max figures of each timed inference. Where vLLM's DP ranks run a wave's tail
+    after the inference (Phase.WAVE_TAIL), e2e and decode end where the inference's own
+    steps do, and `wave_tail_us` is the tail's own time."""
+    e2e = np.max([_own_end(r) for r in ranks], axis=0)
     prefill = np.max([r.marks[:, r.prefill_mark] for r in ranks], axis=0)
-    decode = np.max([r.marks[:, -1] - r.marks[:, r.prefill_mark] for r in ranks], axis=0)
+    decode = np.max([_own_end(r) - r.marks[:, r.prefill_mark] for r in ranks], axis=0)
     figures = {"prefill_us": prefill, "decode_us": decode, "e2e_us": e2e}
+    tail = ranks[0].tail_mark is not None
+    if tail:
+        figures["wave_tail_us"] = np.max([r.marks[:, -1] - _own_end(r) for r in ranks],
+                                         axis=0)
     if ranks[0].level != "inference":
         steps = np.max([step_durations(r) for r in ranks], axis=0)
-        figures["decode_steps_us"] = steps[:, prefill_steps:]
+        own = ranks[0].tail_mark if tail else steps.shape[1]
+        figures["decode_steps_us"] = steps[:, prefill_steps:own]
     return figures
 
 
@@ -46,6 +58,8 @@ def iteration_rows(figures: dict[str, np.ndarray], decode_steps: int) -> list[di
                                "prefill_us": round(float(figures["prefill_us"][i]), 3),
                                "decode_us": round(float(figures["decode_us"][i]), 3),
                                "e2e_us": round(float(figures["e2e_us"][i]), 3)}
+        if "wave_tail_us" in figures:
+            row["wave_tail_us"] = round(float(figures["wave_tail_us"][i]), 3)
         if decode_steps:
             # The inference's sample of decode_step_us (results/metrics.py).
             row["decode_step_mean_us"] = round(
@@ -67,11 +81,14 @@ def headline(figures: dict[str, np.ndarray], decode_steps: int) -> dict[str, flo
     per_inference = (decode_step_us(figures["decode_us"], decode_steps) if decode_steps
                      else np.array([]))
     step_p99 = _pct(steps.ravel(), 99) if steps is not None else None
-    return {"prefill_us": _median(figures["prefill_us"]),
+    head = {"prefill_us": _median(figures["prefill_us"]),
             "decode_us": _median(figures["decode_us"]),
             "decode_step_us": _median(per_inference), "decode_step_p99_us": step_p99,
             "e2e_us": _median(figures["e2e_us"]),
             "e2e_p5_us": _pct(figures["e2e_us"], 5), "e2e_p95_us": _pct(figures["e2e_us"], 95)}
+    if "wave_tail_us" in figures:  # vLLM's DP wave after the inference, timed apart
+        head["wave_tail_us"] = _median(figures["wave_tail_us"])
+    return head
 
 
 def op_times(samples: RankSamples) -> np.ndarray:

@@ -6,6 +6,7 @@ Inputs are small integers that depend on the rank's place in its group, so every
 all-gathers and reduce-scatters (`Op.counts`) are checked part by part. Groups of more than
 8 ranks hold larger sums: bf16 keeps integers exact up to 256, so keep --check of bf16
 reductions to groups of at most 8 (an EP group of 16 holds sums up to 16 * 23 = 368).
+A bool buffer (Megatron's routing map) holds those values mod 2, and is never reduced.
 """
 
 from collections.abc import Callable
@@ -26,13 +27,17 @@ def _group_sum(base: np.ndarray, n: int) -> np.ndarray:
 def verify(op: BoundOp, write: Callable, read: Callable, corrupt: bool) -> int:
     """Fill the inputs of one call, issue it, and count the wrong elements it produced."""
 
+    binary = op.op.dtype == "bool"
+
     def fill(buffer: object, values: np.ndarray) -> None:
         if corrupt and values.size:
             values = values.copy()
             values[0] += 1
-        write(buffer, values)
+        write(buffer, values % 2 if binary else values)
 
     kind, g, n = op.op.kind.value, op.group.index, op.group.size
+    if binary and kind in ("allreduce", "reducescatter"):
+        raise ValueError(f"a {kind} of bool ({op.op.tag}): bool is gathered, never reduced")
     send, recv = op.send, op.recv
     expected: np.ndarray | None = None
     target = recv
@@ -81,4 +86,4 @@ def verify(op: BoundOp, write: Callable, read: Callable, corrupt: bool) -> int:
     op.call()
     if expected is None:
         return 0
-    return int(np.count_nonzero(read(target) != expected))
+    return int(np.count_nonzero(read(target) != (expected % 2 if binary else expected)))

@@ -18,9 +18,12 @@ Every rank computes the same pieces from the same pattern, so no exchange is nee
 
 import itertools
 
-from patterns import Pattern, Phase
+from patterns import Op, OpKind, Pattern, Phase
 
 Piece = tuple[int, int, bool]  # [start step, end step), captured
+# Steps a graph may capture: decodes, and vLLM's DP wave tail, whose dummy forwards run the
+# one-token full graph (`_dummy_run(1, uniform_decode=True)`: patterns/engines/vllm/dp_wave.py)
+CAPTURED_PHASES = frozenset({Phase.DECODE, Phase.WAVE_TAIL})
 
 
 def graph_pieces(pattern: Pattern) -> tuple[Piece, ...]:
@@ -42,7 +45,7 @@ def graph_pieces(pattern: Pattern) -> tuple[Piece, ...]:
         for run in runs:
             end += run.repeat
             while i < len(decoding) and points[i] < end:
-                decoding[i] = decoding[i] and run.phase == Phase.DECODE
+                decoding[i] = decoding[i] and run.phase in CAPTURED_PHASES
                 i += 1
         while i < len(decoding):  # past this rank's last step: nothing to capture with
             decoding[i] = False
@@ -69,15 +72,33 @@ def piece_keys(pattern: Pattern, pieces: tuple[Piece, ...]) -> tuple[tuple[objec
     return tuple(zip(*columns, strict=True)) if columns else tuple(() for _ in pieces)
 
 
+# Groups whose calls an engine issues between its stages' graphs, never inside one: the PP
+# send/recv and the last stage's broadcast of the sampled tokens, which vLLM Model Runner V2
+# issues after sampling, outside the captured forward (v1/worker/gpu/pp_utils.py `PPHandler`,
+# v1/worker/gpu/model_runner.py @ c8109375, as patterns/engines/vllm/profile.py cites them).
+EAGER_GROUPS = ("pp", "pp_broadcast")
+P2P = (OpKind.SEND, OpKind.RECV)
+
+
+def kept_eager(op: Op) -> bool:
+    """An op a captured step issues eagerly between its graphs: point-to-point, the PP
+    groups' calls, and what the engine runs on a CPU group (gloo), replay/graphs.py."""
+    from patterns.ops import Transport
+    return op.kind in P2P or op.group in EAGER_GROUPS or op.transport == Transport.GLOO
+
+
 def mixes_graphs_and_eager(pattern: Pattern, pieces: tuple[Piece, ...]) -> bool:
-    """Whether an eager call follows a graph launch with no synchronize between, on a
-    communicator the graph may hold: a captured piece followed by an eager one (a request
-    workload's next prefill), or a captured piece holding host-path (gloo) ops, which the
-    replay keeps eager (replay/graphs.py)."""
+    """Whether an eager call may follow a graph launch with no synchronize between: a
+    captured piece followed by an eager one (a request workload's next prefill), or a
+    captured piece holding ops the replay keeps eager between its graphs (PP send/recv, the
+    sampled tokens' broadcast, host-path ops). Which communicator each eager call uses is not
+    asked: NCCL_GRAPH_MIXING_SUPPORT=0 forbids it on the graph's communicator "(or
+    split-shared communicators)" (NVIDIA/nccl docs/userguide/source/env.rst @ 0186f08d), and
+    torch's groups are split from the world's where a device is bound, the nccl backend's PP
+    group is the world's communicator itself at TP1, so any of them may share one."""
     captured = [captured for _, _, captured in pieces]
     if any(a and not b for a, b in itertools.pairwise(captured)):
         return True
-    from patterns.ops import Transport
     keys = piece_keys(pattern, pieces)
-    return any(step is not None and any(op.transport == Transport.GLOO for op in step.ops)
+    return any(step is not None and any(kept_eager(op) for op in step.ops)
                for key, (_, _, on) in zip(keys, pieces, strict=True) if on for step in key)

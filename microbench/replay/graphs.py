@@ -52,20 +52,15 @@ from typing import Any
 
 from microbench.argtypes import UsageError
 from microbench.backends import Backend, BoundCall
+from microbench.replay.graph_spans import CAPTURED_PHASES, kept_eager
 from microbench.replay.plan import BoundOp, BoundRun, Plan
-from patterns import OpKind, Pattern, Phase
+from patterns import Pattern
 from patterns.ops import Transport
 
 MODES = ("decode", "none")
 CAPTURING_BACKENDS = ("torch", "nccl")
 
 Capture = Callable[[list[BoundCall]], BoundCall]
-P2P = (OpKind.SEND, OpKind.RECV)
-# Groups whose calls an engine issues between its stages' graphs, never inside one: the PP
-# send/recv and the last stage's broadcast of the sampled tokens, which vLLM Model Runner V2
-# issues after sampling, outside the captured forward (v1/worker/gpu/pp_utils.py `PPHandler`,
-# v1/worker/gpu/model_runner.py @ c8109375, as patterns/engines/vllm/profile.py cites them).
-EAGER_GROUPS = ("pp", "pp_broadcast")
 
 
 def eager_pattern_mode(pattern: Pattern, requested: str | None) -> str | None:
@@ -142,7 +137,7 @@ def use_graphs(plan: Plan, backend: Backend, capture: Capture | None = None,
             lo, hi = max(start, step), min(end, step + run.repeat)
             if lo >= hi:
                 continue
-            if captured and run.phase == Phase.DECODE and run.ops:
+            if captured and run.phase in CAPTURED_PHASES and run.ops:
                 calls = captured_by_key.get(key) if key is not None else None
                 if calls is None:
                     calls = _captured_step(run.ops, capture, plan.graphs, backend.synchronize)
@@ -190,7 +185,7 @@ def _own_decode_runs(plan: Plan) -> tuple[tuple[int, int, bool], ...]:
     """A plan built by hand (no pattern): each of its decode runs is a piece."""
     pieces, step = [], 0
     for run in plan.runs:
-        pieces.append((step, step + run.repeat, run.phase == Phase.DECODE))
+        pieces.append((step, step + run.repeat, run.phase in CAPTURED_PHASES))
         step += run.repeat
     return tuple(pieces)
 
@@ -207,8 +202,7 @@ def _captured_step(ops: list[BoundOp], capture: Capture, graphs: list[BoundCall]
     stretch: list[BoundCall] = []
     for op in ops:
         host_path = op.op is not None and op.op.transport == Transport.GLOO
-        if op.op is not None and (op.op.kind in P2P or op.op.group in EAGER_GROUPS
-                                  or host_path):
+        if op.op is not None and kept_eager(op.op):
             if stretch:
                 graphs.append(capture(stretch))
                 calls.append(graphs[-1])

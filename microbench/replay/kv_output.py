@@ -91,6 +91,8 @@ def write_transfer(d: DisaggPattern, args: argparse.Namespace, gathered: list[tu
                            f"{d.disagg.text().replace(',', '-').replace('=', '')}-"
                            f"{args.kv_transport}")
     folder, error = write_run_or_keep(args.out, label, files)
+    from microbench.results.store import print_standin_line
+    print_standin_line("replay")
     text = cpus.warning("replay", where)
     if text:
         print(text)

@@ -17,7 +17,14 @@ from typing import Any
 import numpy as np
 
 from microbench.argtypes import UsageError
-from microbench.backends.kv_transports import PairDescs, Role, open_transport
+from microbench.backends.kv_transports import (
+    ENDS_PAST_DESTRUCTORS,
+    PairDescs,
+    Role,
+    check_transport_here,
+    mooncake_options,
+    open_transport,
+)
 from microbench.options.disagg_args import choose_kv_transport
 from patterns.disagg import DisaggPattern
 
@@ -32,7 +39,8 @@ def pair_descs(d: DisaggPattern) -> list[PairDescs]:
     for i, pair in enumerate(t.pairs):
         rows = np.array(list(t.descriptors(pair)), dtype=np.uint64).reshape(-1, 3)
         out.append(PairDescs(pair, i, pair.prefill, offset + pair.decode,
-                             rows[:, 0].copy(), rows[:, 1].copy(), rows[:, 2].copy()))
+                             rows[:, 0].copy(), rows[:, 1].copy(), rows[:, 2].copy(),
+                             t.batches(pair)))
     return out
 
 
@@ -83,10 +91,15 @@ def timed_transfers(transport: Any, backend: Any, warmup: int, iters: int,
                     watchdog: Any) -> list[float]:
     """The timing protocol: per iteration a barrier, then this rank's part of the transfer
     between two clock reads; microseconds of the timed iterations."""
+    from microbench.ranks import faults
+
+    fault = faults.step_fault(backend.rank)  # INFERCOMM_FAULT kill/hang: a transfer a step
     samples = []
     for i in range(warmup + iters):
         watchdog.where = f"{'warm-up' if i < warmup else 'timed'} transfer {i + 1}"
         backend.barrier()
+        if fault is not None and fault[0] == i + 1:
+            fault[1]()
         start = time.perf_counter()
         transport.transfer()
         elapsed = (time.perf_counter() - start) * 1e6
@@ -119,7 +132,8 @@ def run_rank_transfer(d: DisaggPattern, env: Any, args: argparse.Namespace) -> i
         watchdog.where = "KV transfer set-up"
         role = role_of(d, backend.rank, pair_descs(d))
         transport = open_transport(args.kv_transport, backend.rank,
-                                   getattr(backend, "comm", None), args.nixl_progress_thread)
+                                   getattr(backend, "comm", None), args.nixl_progress_thread,
+                                   mooncake_options(args))
         buffer = transport.allocate(role.nbytes)
         # Prefill job ranks are the prefill TP ranks (replica 0): the rank is the TP rank.
         buffer[:] = prefill_bytes(role.rank, role.nbytes) if role.side == "prefill" else 0
@@ -196,9 +210,7 @@ def run_disagg(args: argparse.Namespace) -> int:
     if d.disagg.prefill.dp > 1 or d.disagg.decode.dp > 1:
         raise UsageError("the replay moves one request between one replica of each side; "
                          "give tp only (drop dpN from --disagg)")
-    if args.kv_transport == "nixl":
-        from microbench.backends.kv_transports import import_nixl
-        import_nixl()
+    check_transport_here(args)
     from microbench.replay.footprint import available_host_bytes, ranks_on_this_host
 
     world = d.disagg.world_size
@@ -218,4 +230,8 @@ def run_disagg(args: argparse.Namespace) -> int:
     check_out_for_rank(args.out, env.rank)
     check_sizes(d, ranks_on_this_host(), available_host_bytes())
     args.launcher = env.launcher
-    return run_rank_transfer(d, env, args)
+    status = run_rank_transfer(d, env, args)
+    if args.kv_transport in ENDS_PAST_DESTRUCTORS:
+        from microbench.ranks.teardown import exit_past_library_destructors
+        exit_past_library_destructors(status)
+    return status

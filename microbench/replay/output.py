@@ -11,7 +11,14 @@ from microbench.ranks import cpus
 from microbench.replay import aggregate
 from microbench.replay.plan import Plan
 from microbench.replay.replayer import RankSamples
-from microbench.results.store import base_meta, csv_text, json_text, write_run_or_keep
+from microbench.results.store import (
+    base_meta,
+    csv_text,
+    gpu_standin,
+    json_text,
+    print_standin_line,
+    write_run_or_keep,
+)
 from microbench.views.pattern import pattern_summary, title
 from microbench.views.replay import replay_table
 from patterns import Pattern
@@ -19,6 +26,7 @@ from patterns.summary import engine_transport_calls
 
 ITERATION_COLUMNS = ["iteration", "prefill_us", "decode_us", "e2e_us", "decode_step_mean_us",
                      "decode_step_median_us", "decode_step_p99_us", "decode_step_max_us"]
+WAVE_COLUMNS = ["wave_tail_us"]  # vLLM's DP wave tail, where the pattern has one
 
 
 def _by_op_kind(ranks: list[RankSamples]) -> dict[str, Any]:
@@ -75,6 +83,7 @@ def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.
         "graph": args.graph,
         "allreduce_algo": getattr(args, "allreduce_algo", None) or "library",
         "prefill_steps": plan.prefill_steps, "decode_steps": steps,
+        **({"wave_tail_steps": plan.tail_steps} if plan.tail_steps else {}),
         **head,
         "calls_per_inference": calls, "by_op": by_op, "wrong": wrong,
         "engine_transports": _engine_transports(pattern),
@@ -91,7 +100,8 @@ def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.
             "peak_rss_kib": getattr(args, "peak_rss_kib", None)}
     files: dict[str, str | Path] = {"meta.json": json_text(meta),
              "iterations.csv": csv_text(aggregate.iteration_rows(figures, steps),
-                                        ITERATION_COLUMNS)}
+                                        ITERATION_COLUMNS + (WAVE_COLUMNS if plan.tail_steps
+                                                             else []))}
     if ops_csv is not None and ops_error is None:
         files["ops.csv"] = ops_csv  # streamed there by op_samples.gather_to_csv
     label = args.label or default_label(pattern, backend.name, summary["allreduce_algo"])
@@ -105,6 +115,7 @@ def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.
     # write error it names where the run was kept instead (None if nowhere could take it).
     summary["results_dir"] = str(folder) if folder is not None else None
     summary["kept_dir"] = folder
+    print_standin_line("replay")  # the output's first line: no GPU was touched
     text = cpus.warning("replay", where)
     if text:
         print(text)
@@ -118,6 +129,11 @@ def write_replay(pattern: Pattern, plan: Plan, backend: Backend, args: argparse.
                  "prefill_us", "decode_step_us", "decode_step_p99_us", "e2e_us",
                  "calls_per_inference", "wrong", "results_dir"]
     summary["last_line"] = {k: summary[k] for k in last_keys}
+    if gpu_standin():
+        summary["last_line"]["gpu_standin"] = True
+    if plan.tail_steps:
+        summary["last_line"].update(wave_tail_steps=plan.tail_steps,
+                                    wave_tail_us=summary["wave_tail_us"])
     if summary["workload"] is not None:
         summary["last_line"]["workload"] = summary["workload"]
     return summary

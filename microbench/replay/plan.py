@@ -58,6 +58,17 @@ class Plan:
         return sum(run.repeat for run in self.runs if run.phase == Phase.PREFILL)
 
     @property
+    def tail_steps(self) -> int:
+        """Steps of vLLM's DP wave tail after the inference's own (the last runs, of
+        Phase.WAVE_TAIL; a request workload's earlier waves' tails are its own steps)."""
+        steps = 0
+        for run in reversed(self.runs):
+            if run.phase != Phase.WAVE_TAIL:
+                break
+            steps += run.repeat
+        return steps
+
+    @property
     def prefill_calls(self) -> int:
         return sum(len(run.ops) * run.repeat for run in self.runs if run.phase == Phase.PREFILL)
 

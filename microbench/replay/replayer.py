@@ -37,6 +37,9 @@ class RankSamples:
     # OpSampleFile, and per inference the summed time of each op kind ([iterations, kinds]).
     kind_times: np.ndarray | None = None
     kind_calls: dict[str, int] | None = None  # calls of each kind per inference
+    # index of the mark that ends the inference's own steps where vLLM's DP wave tail
+    # (Phase.WAVE_TAIL) follows them; None: the last mark ends them
+    tail_mark: int | None = None
 
 
 class Replayer:
@@ -50,8 +53,10 @@ class Replayer:
             watchdog.where = "CUDA graph capture of the decode steps"
             use_graphs(plan, backend, progress=partial(_bump, watchdog))
         calls, steps = plan.calls_per_inference, plan.steps_per_inference
-        capacity = {"inference": 3, "step": steps + 1, "op": calls + 1}[level]
+        tail = plan.tail_steps
+        capacity = {"inference": 3 + bool(tail), "step": steps + 1, "op": calls + 1}[level]
         self.marks = make_marks(backend.device, capacity, getattr(backend, "stream", None))
+        self.tail_mark = (2 if level == "inference" else steps - tail) if tail else None
         if level == "inference":
             self.prefill_mark, self.step_marks = 1, []
         elif level == "step":
@@ -101,11 +106,14 @@ class Replayer:
                     marks.mark()
                     watchdog.steps += 1
         else:
-            prefill_done = False
+            prefill_done = tail_done = False
             for run in self.plan.runs:
-                if not prefill_done and run.phase == "decode":
+                if not prefill_done and run.phase != "prefill":
                     marks.mark()
                     prefill_done = True
+                if not tail_done and run.phase == "wave_tail":  # the inference ends here
+                    marks.mark()
+                    tail_done = True
                 calls = run.calls
                 for _ in range(run.repeat):
                     for call in calls:

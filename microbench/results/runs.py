@@ -58,6 +58,34 @@ def load_run(path: str | Path) -> RunFolder:
     return RunFolder(results.path, results.raw_meta, results)
 
 
+# The stand-ins' GPU names (tests/fake_cupy.py, tests/fake_torch_cuda.py), for runs written
+# before meta.json recorded gpu_standin.
+_STANDIN_GPU_NAMES = ("Stand-in GPU", "Fake H100")
+
+
+def made_on_standins(run: RunFolder) -> bool:
+    """Whether the run ran on the test suite's stand-ins for CUDA, CuPy and NCCL."""
+    flag = run.meta.get("gpu_standin")
+    if flag is not None:
+        if not isinstance(flag, bool):
+            raise UsageError(f"{run.path / 'meta.json'}: gpu_standin is {flag!r}, not true or "
+                             "false; the file is not one infercomm wrote")
+        return flag
+    versions = run.meta.get("versions")
+    gpu = str(versions.get("gpu") or "") if isinstance(versions, dict) else ""
+    return gpu.startswith(_STANDIN_GPU_NAMES)
+
+
+def refuse_mixed_standins(runs: list[RunFolder]) -> None:
+    """Stand-in runs measure no GPU: never set beside real runs (one line, exit 2)."""
+    standin = [r for r in runs if made_on_standins(r)]
+    real = [r for r in runs if not made_on_standins(r)]
+    if standin and real:
+        raise UsageError(f"{standin[0].path} ran on the test suite's GPU stand-ins "
+                         f"(meta.json gpu_standin) and {real[0].path} on real devices; "
+                         "stand-in runs go only with stand-in runs")
+
+
 def decode_steps(run: RunFolder) -> int:
     return int(run.meta["pattern"]["workload"]["decode_steps"])
 

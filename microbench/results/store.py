@@ -46,9 +46,34 @@ def git_commit() -> str | None:
     return out.stdout.strip() + ("-dirty" if dirty else "")
 
 
+def gpu_standin() -> bool:
+    """Whether this process runs on the test suite's stand-ins for CUDA, CuPy and NCCL
+    (INFERCOMM_GPU_STANDIN=1 in a source checkout, microbench/__init__.py)."""
+    import microbench
+    return bool(microbench.GPU_STANDIN)
+
+
+def standin_line(command: str) -> str | None:
+    """The first line of a result's output made on the stand-ins, None otherwise: no result
+    may pass for a GPU's that touched none."""
+    if not gpu_standin():
+        return None
+    return (f"STAND-IN RESULT: this {command} ran on the test suite's stand-ins for CUDA, CuPy "
+            "and NCCL (INFERCOMM_GPU_STANDIN=1), on no GPU; its times are not a GPU's "
+            "(meta.json: gpu_standin)")
+
+
+def print_standin_line(command: str) -> None:
+    line = standin_line(command)
+    if line is not None:
+        print(line)
+
+
 def base_meta(argv: list[str]) -> dict[str, Any]:
-    """What every run records about how and where it ran."""
+    """What every run records about how and where it ran; `gpu_standin` is true for a run
+    made on the test suite's stand-ins (report and compare never mix it with real runs)."""
     return {
+        "gpu_standin": gpu_standin(),
         "argv": argv,
         "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
         "infercomm": __version__,

@@ -21,7 +21,14 @@ from typing import Any
 import numpy as np
 
 from microbench.argtypes import UsageError
-from microbench.backends.kv_transports import PairDescs, Role, open_transport
+from microbench.backends.kv_transports import (
+    ENDS_PAST_DESTRUCTORS,
+    PairDescs,
+    Role,
+    check_transport_here,
+    mooncake_options,
+    open_transport,
+)
 from microbench.options.disagg_args import DEFAULT_DESCRIPTORS, choose_kv_transport
 from patterns.disagg import Pair
 
@@ -59,9 +66,7 @@ def check_args(args: argparse.Namespace) -> tuple[list[int], int]:
                          f"{2 * count * max(sizes):,} bytes a rank; keep it within "
                          f"{MAX_BUFFER:,} (lower -e or --kv-descriptors)")
     choose_kv_transport(args)
-    if args.kv_transport == "nixl":
-        from microbench.backends.kv_transports import import_nixl
-        import_nixl()
+    check_transport_here(args)
     if args.device == "cuda":
         raise UsageError("--op kvtransfer moves host memory; drop --device cuda")
     return sizes, count
@@ -83,7 +88,11 @@ def run_kv_sweep(args: argparse.Namespace) -> int:
                          f"{env.world_size}")
     check_out_for_rank(args.out, env.rank)
     args.launcher = env.launcher
-    return _rank(sizes, count, env, args)
+    status = _rank(sizes, count, env, args)
+    if args.kv_transport in ENDS_PAST_DESTRUCTORS:
+        from microbench.ranks.teardown import exit_past_library_destructors
+        exit_past_library_destructors(status)
+    return status
 
 
 def case_role(rank: int, size: int, count: int, direction: str) -> Role:
@@ -103,7 +112,8 @@ def _rank(sizes: list[int], count: int, env: Any, args: argparse.Namespace) -> i
         backend = open_backend(args.backend, env=env, device="cpu", timeout=args.timeout,
                                staging=False)
         transport = open_transport(args.kv_transport, backend.rank,
-                                   getattr(backend, "comm", None), args.nixl_progress_thread)
+                                   getattr(backend, "comm", None), args.nixl_progress_thread,
+                                   mooncake_options(args))
         whole = transport.allocate(2 * count * max(sizes))
         whole[:] = (np.arange(whole.size) % 251).astype(np.uint8) if backend.rank == 0 else 0
         results = []
@@ -198,6 +208,8 @@ def _write(sizes: list[int], count: int, args: argparse.Namespace, gathered: lis
              "summary.json": json_text(summary)}
     label = args.label or f"sweep-kvtransfer-{args.kv_transport}-{args.kv_direction}"
     folder, error = write_run_or_keep(args.out, label, files)
+    from microbench.results.store import print_standin_line
+    print_standin_line("sweep")
     print(f"# {OP}: {count} descriptors of size_bytes each, one transfer a row "
           f"({args.kv_transport}, {args.kv_direction}); count = descriptors")
     print(sweep_table(rows, head, hosts, False))

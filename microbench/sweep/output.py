@@ -90,6 +90,8 @@ def write_sweep(cases: list[Case], pattern: Pattern | None, backend: Any,
     from microbench.ranks import cpus
 
     where = cpus.placement(hosts, backend.device)
+    from microbench.results.store import print_standin_line
+    print_standin_line("sweep")  # the output's first line: no GPU was touched
     text = cpus.warning("sweep", where)
     if text:
         print(text)
@@ -111,9 +113,11 @@ def write_sweep(cases: list[Case], pattern: Pattern | None, backend: Any,
     folder, error = write_run_or_keep(args.out, label, files)
     print(sweep_table(rows, head, hosts, pattern is not None))
     print(f"results: {folder}")
+    from microbench.results.store import gpu_standin
     return {**{k: v for k, v in summary.items() if k != "rows"},
             # the rows are in summary.json and sweep.csv: the last line stays short
             "cases": len(rows), "results_dir": str(folder) if folder is not None else None,
+            **({"gpu_standin": True} if gpu_standin() else {}),
             "write_error": error, "kept_dir": folder}
 
 

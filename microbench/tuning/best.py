@@ -100,6 +100,8 @@ def write_grid(command: str, args: argparse.Namespace, runs: list[dict[str, Any]
         "grid.json": json_text(grid), "best.csv": csv_text(rows, COLUMNS)})
     settings = len({r["setting"] for r in runs})
     partial = "" if ended is None else f" (partial: {len(runs)} of {planned} runs)"
+    from microbench.results.store import print_standin_line
+    print_standin_line(f"{command} grid")
     print(f"# infercomm {command} grid: {_count(len(runs), 'run')} of "
           f"{_count(settings, 'setting')}{partial}; "
           "margin = runner-up / best (medians of the slowest rank's samples), interval and "
@@ -116,6 +118,8 @@ def write_grid(command: str, args: argparse.Namespace, runs: list[dict[str, Any]
         from microbench.results.store import write_error_message
 
         sys.stderr.write(write_error_message(command, args.out, error, folder))
+    from microbench.results.store import gpu_standin
     return {"kind": "grid", "command": command, "settings": settings,
             "runs": len(runs), "metrics": len(rows), "complete": ended is None,
-            "not_ranked": len(wrong), "results_dir": str(folder) if folder is not None else None}
+            "not_ranked": len(wrong), "results_dir": str(folder) if folder is not None else None,
+            **({"gpu_standin": True} if gpu_standin() else {})}

@@ -8,6 +8,7 @@ from typing import Any
 from microbench.views.textfmt import format_bytes, render_table
 from patterns import Op, Pattern, Phase, pattern_rows, volume_by_group, volume_bytes
 from patterns.config_checks import unknown_family_note
+from patterns.dp_steps import wave_tail
 from patterns.moe import notes
 from patterns.summary import moe_layer_rows, transport_split
 from patterns.volume import as_number
@@ -55,6 +56,9 @@ def pattern_document(pattern: Pattern, with_steps: bool = False) -> dict[str, An
         doc["moe_layers"] = [{**asdict(row), "phase": row.phase.value}
                              for row in moe_layer_rows(pattern)]
     doc["calls_per_inference"] = calls_per_inference(pattern)
+    tail_steps, tail_calls = wave_tail(pattern.stages[0])
+    if tail_steps:  # vLLM's DP wave: dummy forwards to the 32-step sync, counted above
+        doc["wave_tail_steps"], doc["wave_tail_calls"] = tail_steps, tail_calls
     if with_steps:
         doc["steps"] = [
             {"stage": stage, "phase": phase.value, "tokens": step.tokens, "rows": step.rows,
@@ -163,6 +167,7 @@ def pattern_table(pattern: Pattern) -> str:
     parts = [f"{kind} {format_bytes(float(v))}" for kind, v in volume.items()
              if v and kind not in ("p2p", "total")]
     prefill_steps = sum(r.repeat for r in pattern.stages[0] if r.phase == Phase.PREFILL)
+    tail_steps, tail_calls = wave_tail(pattern.stages[0])
     by_group = volume_by_group(pattern)
     group_parts = [f"{group} {format_bytes(float(v))}" for group, v in by_group.items() if v]
     moe = moe_table(pattern)
@@ -173,7 +178,11 @@ def pattern_table(pattern: Pattern) -> str:
         title(pattern),
         *[f"note: {note}" for note in pattern_notes(pattern)],
         f"steps per inference: {prefill_steps} prefill + {pattern.workload.decode_steps} "
-        "decode",
+        "decode" + (f" + {tail_steps} wave tail" if tail_steps else ""),
+        *([f"wave tail: {tail_steps} dummy forwards, {tail_calls:,} calls (the DP ranks' "
+           f"lockstep after the last real step, to the wave's sync at step "
+           f"{sum(r.repeat for r in pattern.stages[0])}; counted in the calls per rank)"]
+          if tail_steps else []),
         f"per rank (busiest): {calls_per_inference(pattern):,} calls, {format_bytes(sent)} "
         "sent per inference (bytes sent: each call's input buffer, as the table's bytes/rank)",
         "",

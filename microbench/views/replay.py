@@ -44,6 +44,10 @@ def replay_table(summary: dict[str, Any], title: str) -> str:
         ["end to end", _us(s["e2e_us"]),
          f"p5 {_us(s['e2e_p5_us'])}, p95 {_us(s['e2e_p95_us'])}"],
     ]
+    if s.get("wave_tail_steps"):  # vLLM's DP lockstep after the inference, timed apart
+        rows.append(["wave tail (DP lockstep)", _us(s["wave_tail_us"]),
+                     f"{s['wave_tail_steps']} dummy forwards after the inference, to the "
+                     "wave's sync"])
     lines.append(render_table(["communication of one inference", "median", "note"], rows,
                               right_align={"median"}))
     lines.append("(each row is its own median over inferences of the slowest rank, so prefill "

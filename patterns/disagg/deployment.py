@@ -11,6 +11,7 @@ from patterns.engines import generate
 from patterns.engines.sglang.profile import chunked_prefill_size
 from patterns.engines.vllm.nixl_connector import sliding_blocks_read
 from patterns.errors import ConfigError
+from patterns.hybrid import check_hybrid_use
 from patterns.layout import Workload
 from patterns.models import ModelConfig
 from patterns.pattern import EngineOptions, Pattern
@@ -75,6 +76,7 @@ def generate_disagg(engine: str, model: ModelConfig, disagg: DisaggLayout, workl
     """Both sides' patterns and one request's KV transfer; ConfigError on bad input
     (check_memory: a decode side that cannot hold the batch on options.gpu)."""
     chosen = connector_of(engine, connector, connector_version)
+    check_hybrid_use(model.name, model.hybrid, engine, "--disagg (its KV transfer)")
     if workload.dp_batches is not None:
         raise ConfigError("--dp-batches does not apply to --disagg; give --batch (per replica)")
     # The whole sequence first: the prefill side's pattern is made with decode 1, and its

@@ -32,6 +32,7 @@ from patterns.disagg.kvcache import SideCache, is_mla, side_cache
 from patterns.disagg.layouts import Connector, DisaggLayout
 from patterns.engines.sglang.disagg_connectors import (
     chunk_tokens,
+    mooncake_batches,
     page_size,
     sglang_writes,
     swa_window,
@@ -124,6 +125,21 @@ class KVTransfer:
     def total_bytes(self) -> int:
         """One request's KV moved, every rank pair together."""
         return sum(self.pair_bytes(p) for p in self.pairs)
+
+    def batches(self, pair: Pair) -> list[tuple[int, int]]:
+        """(first descriptor, descriptors) of each list the connector hands its library in
+        one call, in issue order: SGLang's Mooncake sender's batches
+        (patterns/engines/sglang/disagg_connectors.py `mooncake_batches`); every other
+        connector posts a pair's descriptors as one transfer."""
+        count = self.descriptor_count(pair)
+        if not count:
+            return []
+        if self.connector.engine != "sglang" or self.connector.name != "mooncake":
+            return [(0, count)]
+        p = self.prefill
+        return mooncake_batches(self.granularity != TOKEN, p.layers - self.swa_layers,
+                                p.regions, p.blocks, p.block_tokens, self.chunks,
+                                self.swa_layers)
 
     def descriptors(self, pair: Pair) -> Iterator[tuple[int, int, int]]:
         """(offset in the prefill rank's buffer, offset in the decode rank's, bytes)."""

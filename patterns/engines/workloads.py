@@ -8,6 +8,7 @@ from patterns.engines.sglang.workload import sglang_workload
 from patterns.engines.vllm.rules import v1_defaults
 from patterns.engines.vllm.workload import vllm_workload
 from patterns.errors import ConfigError
+from patterns.hybrid import check_hybrid_use
 from patterns.layout import Layout
 from patterns.models import ModelConfig
 from patterns.pattern import EngineOptions
@@ -54,16 +55,21 @@ def workload_pattern(engine: str, model: ModelConfig, layout: Layout,
                      step_time_s: float | None, spec: SpecConfig | None = None,
                      source: str = "", mixed_chunk: bool = False, flag: str = "--requests",
                      progress: Callable[[str], None] | None = None,
-                     untagged: bool = False) -> WorkloadPattern:
+                     untagged: bool = False, dp_routing: str | None = None
+                     ) -> WorkloadPattern:
     """The pattern of a request workload under `engine`'s scheduler. `flag` names the option
     that asked for it in refusals (--requests, or --speculative-config for one batch);
     `progress`, when given, is told each phase of a large workload; `untagged`, calls for
     pricing alone (plan): under vLLM their tags not each layer's (vllm/workload.py), under
-    SGLang each step's calls one tuple for every pattern of its stage (sglang/workload.py)."""
+    SGLang each step's calls one tuple for every pattern of its stage (sglang/workload.py).
+    At dp > 1 the requests go to the DP ranks by `dp_routing` (None: the engine's front
+    end's own: patterns/workload/dp_routing.py) and each rank schedules its share
+    (vllm/dp_workload.py, sglang/dp_workload.py)."""
     if spec is not None:
         check_spec_model(spec, model, engine)
     check_workload_layout(engine, layout, flag)
     layout.check_model(model)
+    check_hybrid_use(model.name, model.hybrid, engine)
     check_positions(model, requests)
     check_step_count(engine, requests, options)
     if progress is not None:
@@ -77,7 +83,13 @@ def workload_pattern(engine: str, model: ModelConfig, layout: Layout,
         raise ConfigError(f"shared prefixes (prefix_id), --prefix-caching and --kv-block-size "
                           f"are modelled for vLLM's prefix cache; {engine}'s own is not "
                           "modelled: use --engine vllm, or drop them")
-    if engine == "vllm":
+    if dp_routing is not None and layout.dp == 1:
+        raise ConfigError("dp-routing routes requests between DP ranks; give --dp N (N > 1) "
+                          "or drop it")
+    if layout.dp > 1:
+        pattern = _dp_workload(engine, model, layout, requests, dtype, options, step_time_s,
+                               spec, source, mixed_chunk, dp_routing)
+    elif engine == "vllm":
         pattern = vllm_workload(model, layout, requests, dtype, options, step_time_s, spec,
                                 source, untagged)
     else:
@@ -87,3 +99,19 @@ def workload_pattern(engine: str, model: ModelConfig, layout: Layout,
         assert pattern.schedule is not None
         progress(f"scheduled: {pattern.schedule.steps:,} steps; each request's figures next")
     return pattern
+
+
+def _dp_workload(engine: str, model: ModelConfig, layout: Layout, requests: Sequence[Request],
+                 dtype: str | None, options: EngineOptions, step_time_s: float | None,
+                 spec: SpecConfig | None, source: str, mixed_chunk: bool,
+                 routing: str | None) -> WorkloadPattern:
+    if spec is not None:
+        raise ConfigError(f"speculative decoding over a request workload is modelled at dp 1, "
+                          f"not dp({layout.dp}); drop --speculative-config or use --dp 1")
+    if engine == "vllm":
+        from patterns.engines.vllm.dp_workload import vllm_dp_workload
+        return vllm_dp_workload(model, layout, requests, dtype, options, step_time_s, source,
+                                routing)
+    from patterns.engines.sglang.dp_workload import sglang_dp_workload
+    return sglang_dp_workload(model, layout, requests, dtype, options, step_time_s, source,
+                              mixed_chunk, routing)

@@ -24,8 +24,10 @@ def is_kineto(path: Path) -> bool:
     return path.name.endswith((".json", ".json.gz"))
 
 
-def read_traces(paths: Sequence[str]) -> Trace:
-    """Read every file; refuse (ConfigError) a missing file or one that holds no call."""
+def read_traces(paths: Sequence[str], rank_offsets: Sequence[int] | None = None) -> Trace:
+    """Read every file; refuse (ConfigError) a missing file or one that holds no call.
+    `rank_offsets`: added to each Kineto file's rank (independent DP engines each number
+    their ranks from 0: validate places them by their DP rank)."""
     trace = Trace()
     logs = LogReader(trace)
     seen_files: dict[tuple[int, int], str] = {}
@@ -42,12 +44,15 @@ def read_traces(paths: Sequence[str]) -> Trace:
         if is_kineto(path):
             ep_before = sum(trace.ep_kernels.values())
             rank = _named(name, read_kineto, path, trace, index)
+            rank.rank += rank_offsets[index] if rank_offsets else 0
             found = len(rank.ids) + sum(trace.ep_kernels.values()) - ep_before
             if found:
                 trace.formats.add("kineto")
                 if any(r.rank == rank.rank for r in trace.ranks):
                     raise ConfigError(f"{name}: rank {rank.rank} is given twice; pass one "
-                                      "Kineto file per rank")
+                                      "Kineto file per rank (independent DP engines each "
+                                      "number their ranks from 0: trace --dp N, validate "
+                                      "--trace once a DP rank)")
                 trace.ranks.append(rank)
         else:
             before = {key: len(p.calls.ids) for key, p in logs.procs.items()}

@@ -7,7 +7,7 @@ What torch emits, seen on torch 2.13 (CPU, gloo) and in `torch/csrc/profiler/uti
   `c10d::_reduce_scatter_base_`, `c10d::gather_`, `c10d::broadcast_`, `c10d::send`,
   `c10d::recv_`, `c10d::alltoall_base_`, with `Input Dims`, `Input type` and `Concrete Inputs`
   (root / peer). A TensorList argument's type is written "TensorList": its dtype comes from
-  the backend's own event (`gloo:all_reduce` ...), paired by kind and order.
+  the backend's own event (`gloo:all_reduce` ...), paired by kind and order (GLOO_RECORDED_AS).
 - On NCCL, `record_param_comms` with `Collective name`, `dtype`, `In msg nelems`,
   `Out msg nelems`, `Group size`, `Process Group Name`: preferred where present.
 - `ProfilerStep#N` annotations (a profiler schedule, `prof.step()`) mark step boundaries.
@@ -79,6 +79,11 @@ BACKEND_OPS = {"all_reduce": "allreduce", "all_gather": "allgather",
                "broadcast": "broadcast", "send": "send", "recv": "recv",
                "all_to_all": "alltoall", "alltoall_base": "alltoall", "reduce": "reduce",
                "scatter": "scatter"}
+
+# The backend event a c10d op's work is recorded under, where not its own kind: gloo runs
+# `_reduce_scatter_base_` as an all-reduce of its input (torch 2.13: `reduce_scatter_tensor(out
+# [3, 8], in [6, 8])` records `gloo:all_reduce` [[6, 8]]), taking a turn among all-reduces.
+GLOO_RECORDED_AS = {"reducescatter": "allreduce"}
 
 # record_param_comms `Collective name` -> project op (ProcessGroupNCCL.cpp RECORD_PARAM_COMMS).
 PARAM_COMMS_OPS = {"allreduce": "allreduce", "allreduce_coalesced": "allreduce",
@@ -220,6 +225,7 @@ class _Raw:
         self.param: list[tuple[float, Call | None, str]] = []
         self.c10d: list[tuple[float, str, dict[str, Any]]] = []
         self.backend: list[tuple[float, str, int | None, str | None]] = []
+        self.gloo = False  # the backend events are gloo's (GLOO_RECORDED_AS)
         self.steps: list[float] = []
         self.ep: Counter = Counter()
 
@@ -255,6 +261,7 @@ class _Raw:
                 return
             types = args.get("Input type") or [None]
             dims = args.get("Input Dims") or [None]
+            self.gloo = self.gloo or name.startswith("gloo:")
             self.backend.append((ts, op, _numel(dims[0]), _torch_dtype(types[0])))
         elif name in VLLM_OPS:
             op, size_at = VLLM_OPS[name]
@@ -307,7 +314,7 @@ class _Raw:
         c10d = [e for e in self.c10d if outside(e[0])]
         backend = [e for e in self.backend if outside(e[0])]
         from_param = [(ts, c) for ts, c, _ in param if c is not None]
-        from_c10d = _from_c10d(c10d, backend, only_size)
+        from_c10d = _from_c10d(c10d, backend, only_size, self.gloo)
         sized_c10d = [(ts, c) for ts, c in from_c10d if c is not None]
         from_backend = [(ts, Call(op=op, numel=numel or 0, dtype=dtype or "unknown",
                                   group_size=only_size)) for ts, op, numel, dtype in backend]
@@ -354,13 +361,14 @@ def _param_comms_call(args: dict[str, Any]) -> Call | None:
 
 def _from_c10d(events: list[tuple[float, str, dict[str, Any]]],
                backend: list[tuple[float, str, int | None, str | None]],
-               only_size: int | None) -> list[tuple[float, Call | None]]:
-    """c10d events (None where unsized); a TensorList's dtype comes from the k-th backend
-    event of the same kind (gloo runs a process group's work in the order it was queued)."""
+               only_size: int | None, gloo: bool = False) -> list[tuple[float, Call | None]]:
+    """c10d events (None where unsized); a TensorList's dtype comes from the k-th backend event
+    of the kind its work is recorded under (GLOO_RECORDED_AS); gloo runs them in order."""
     of_kind: dict[str, list[tuple[int | None, str | None]]] = defaultdict(list)
     for _, op, numel, dtype in sorted(backend, key=lambda e: e[0]):
         of_kind[op].append((numel, dtype))
     used: dict[str, int] = defaultdict(int)
+    recorded_as = GLOO_RECORDED_AS if gloo and "reducescatter" not in of_kind else {}
     out: list[tuple[float, Call | None]] = []
     for ts, name, args in sorted(events, key=lambda e: e[0]):
         op, index, target = C10D_OPS[name]
@@ -370,10 +378,11 @@ def _from_c10d(events: list[tuple[float, str, dict[str, Any]]],
                 and _dims(args, index) == []:
             numel = None  # torch <= 2.1 writes a TensorList's dims as []: no size
         dtype = _torch_dtype(types[index]) if index < len(types) else None
-        k = used[op]
-        used[op] += 1
-        if dtype is None and k < len(of_kind.get(op, ())):
-            b_numel, b_dtype = of_kind[op][k]
+        kind = recorded_as.get(op, op)
+        k = used[kind]
+        used[kind] += 1
+        if dtype is None and k < len(of_kind.get(kind, ())):
+            b_numel, b_dtype = of_kind[kind][k]
             if b_numel == numel:
                 dtype = b_dtype
         if numel is None:

@@ -63,6 +63,10 @@ def _op(call: Call, layout: Layout) -> Op:
         raise ConfigError(f"the trace holds {call.op} calls of dtype {call.dtype}, which replay "
                           f"does not issue; it issues {', '.join(DTYPE_BYTES)}")
     kind = OpKind(call.op)
+    if call.dtype == "bool" and kind in (OpKind.ALLREDUCE, OpKind.REDUCESCATTER):
+        raise ConfigError(f"the trace holds {call.op} calls of bool, which replay does not "
+                          "issue (NCCL has no bool: torch sums it as uint8); it gathers, "
+                          "broadcasts and sends bool")
     n = call.numel
     if kind in P2P_KINDS:
         if call.peer is None:

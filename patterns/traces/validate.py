@@ -11,15 +11,28 @@ of v2.30.7-1): torch's ProcessGroupNCCL, like this project's nccl backend, issue
 grouped Send/Recv, and the COLL log prints those. Against an NCCL log a pattern's gather is
 compared in that form (the root receives from every other rank in rank order, every other
 rank sends to the root), and an all-to-all as a Send and a Recv to every rank in turn.
+
+A pipeline send or receive names its peer as a rank of the group it was issued on: the
+pattern's is the stage (the rank in the PP group); an engine that sends on the world group
+records a world rank. Megatron-Core does (`torch.distributed.P2POp(isend, tensor,
+next_rank)` with no group, next_rank from `get_process_group_ranks(pp_group)`:
+megatron/core/inference/communication_utils.py, `send_to_next_pipeline_rank` and
+`recv_from_prev_pipeline_rank_`, megatron-core 0.19.2), so a gloo `c10d::send` of its TP2 x
+PP2 rank 0 says peer 2 where the pattern has stage 1. Either numbering matches.
+
+A job that numbered its ranks otherwise than the layout (Megatron-Core's default order puts PP
+outermost: patterns/rank_order.py) is compared with `rank_order`: each trace rank plays the
+layout's rank of the same (stage, dp rank, tp rank), and a world-rank peer is the job's number.
 """
 
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from patterns.errors import ConfigError
 from patterns.ops import Op, Phase
 from patterns.pattern import Pattern
+from patterns.rank_order import LAYOUT_ORDER, job_rank, layout_rank
 from patterns.traces.calls import Call, RankCalls, Trace
 
 HIDDEN_HINT = ("the trace holds fewer all-reduces than the pattern; if the engine ran CUDA "
@@ -74,11 +87,18 @@ class _Expected:
     index: int  # the op's place in its step
     call: Call
     tag: str
+    world_peer: int | None = None  # a pipeline peer's world rank (the call's is its stage)
 
 
 def _group_rank(pattern: Pattern, rank: int, op: Op) -> int:
     layout = pattern.layout
-    return layout.stage_of(rank) if op.group == "pp" else layout.tp_rank_of(rank)
+    if op.group == "pp":
+        return layout.stage_of(rank)
+    if op.group == "dp":
+        return layout.dp_rank_of(rank)
+    if op.group == "ep":  # the EP group of dp x tp ranks, DP-rank-major
+        return layout.dp_rank_of(rank) * layout.tp + layout.tp_rank_of(rank)
+    return layout.tp_rank_of(rank)
 
 
 def _as_calls(op: Op, me: int, p2p: set[str]) -> list[Call]:
@@ -97,15 +117,20 @@ def _as_calls(op: Op, me: int, p2p: set[str]) -> list[Call]:
     return [Call(kind, n, dt, size, peer=op.peer, root=op.root)]
 
 
-def _expected(pattern: Pattern, rank: int, p2p: set[str]) -> Iterator[_Expected]:
-    """What one rank should issue over one inference, lazily."""
-    stage = pattern.layout.stage_of(rank)
+def _expected(pattern: Pattern, rank: int, p2p: set[str],
+              order: str = LAYOUT_ORDER) -> Iterator[_Expected]:
+    """What the layout's rank `rank` should issue over one inference, lazily; a pipeline
+    peer's world rank numbered in the job's `order`."""
+    layout = pattern.layout
     step_index = 0
-    for run in pattern.stages[stage]:
+    for run in pattern.runs_of_rank(rank):  # its own DP rank's (uneven batches, workloads)
         for _ in range(run.repeat):
             for i, op in enumerate(run.step.ops):
                 for call in _as_calls(op, _group_rank(pattern, rank, op), p2p):
-                    yield _Expected(run.phase, step_index, i, call, op.tag)
+                    world = (job_rank(layout, layout.rank_of(
+                        call.peer, layout.tp_rank_of(rank), layout.dp_rank_of(rank)), order)
+                             if op.group == "pp" and call.peer is not None else None)
+                    yield _Expected(run.phase, step_index, i, call, op.tag, world)
             step_index += 1
 
 
@@ -123,9 +148,20 @@ def _same(got: Call, want: Call) -> bool:
     return not (got.root is not None and want.root is not None and got.root != want.root)
 
 
-def _step_shapes(pattern: Pattern) -> list[str]:
-    """What each step of a request workload holds (empty for a one-batch pattern)."""
+def _matches(got: Call, want: _Expected) -> bool:
+    """`_same`, a pipeline peer read as a stage or as a world rank (module docstring)."""
+    return _same(got, want.call) or (
+        want.world_peer is not None and got.peer == want.world_peer
+        and _same(got, replace(want.call, peer=want.world_peer)))
+
+
+def _step_shapes(pattern: Pattern, rank: int) -> list[str]:
+    """What each step of a request workload holds on `rank` (empty for a one-batch
+    pattern); over DP ranks its own DP rank's steps (patterns/workload/dp_pattern.py)."""
     schedule = getattr(pattern, "schedule", None)
+    views = getattr(pattern, "views", None) if hasattr(pattern, "rank_steps") else None
+    if views is not None:
+        schedule = views[pattern.layout.dp_rank_of(rank)]
     if schedule is None:
         return []
     names = []
@@ -136,7 +172,7 @@ def _step_shapes(pattern: Pattern) -> list[str]:
         if shape.decode_seqs:
             parts.append(f"{shape.decode_seqs} decoding x {shape.decode_tokens} token"
                          f"{'s' * (shape.decode_tokens != 1)}")
-        names += [" + ".join(parts)] * seg.repeat
+        names += [" + ".join(parts) or "nothing of its own (a dummy or idle batch)"] * seg.repeat
     return names
 
 
@@ -170,29 +206,30 @@ def _dtype_unrecorded(call: Call) -> bool:
     return call.dtype == "unknown" and call.transport == "shm"
 
 
-def _start(trace: Trace, rank: RankCalls, first_step: list[Call]) -> int:
+def _start(trace: Trace, rank: RankCalls, first_step: list[_Expected]) -> int:
     """Where the inference starts: the first place the pattern's first step matches."""
     if not first_step:
         return 0
     table, ids, k = trace.table, rank.ids, len(first_step)
     head = first_step[0]
     for start in range(len(ids) - k + 1):
-        if _same(table[ids[start]], head) and all(
-                _same(table[ids[start + j]], first_step[j]) for j in range(1, k)):
+        if _matches(table[ids[start]], head) and all(
+                _matches(table[ids[start + j]], first_step[j]) for j in range(1, k)):
             return start
     return 0
 
 
 def _compare_rank(trace: Trace, rank: RankCalls, pattern: Pattern, p2p: set[str],
-                  rows: list[Row], result: Validation) -> str | None:
-    expected = list(_expected(pattern, rank.rank, p2p))
-    first_step = [e.call for e in expected if e.step == 0]
+                  rows: list[Row], result: Validation, order: str) -> str | None:
+    plays = layout_rank(pattern.layout, rank.rank, order)
+    expected = list(_expected(pattern, plays, p2p, order))
+    first_step = [e for e in expected if e.step == 0]
     start = _start(trace, rank, first_step)
     end = min(len(rank.ids), start + len(expected))
     result.before[rank.rank] = start
     result.after[rank.rank] = len(rank.ids) - end
     table = trace.table
-    shapes = _step_shapes(pattern)
+    shapes = _step_shapes(pattern, rank.rank)
     ends = [e for e in expected if e.tag == "logits"]
     step_end = ends[0].call if ends else None
     if step_end is not None:  # a stage before the last gathers no logits: no step ends seen
@@ -207,10 +244,12 @@ def _compare_rank(trace: Trace, rank: RankCalls, pattern: Pattern, p2p: set[str]
     first: str | None = None
     for offset, call_id in enumerate(rank.ids[start:end]):
         got, want = table[call_id], expected[offset]
-        if not _same(got, want.call):
+        if not _matches(got, want):
+            world = (f", world rank {want.world_peer}"
+                     if want.world_peer not in (None, want.call.peer) else "")
             first = (f"rank {rank.rank}: call {start + offset} ({where(want)}) differs: the "
                      f"trace has {got.describe()}, the pattern has {want.call.describe()} "
-                     f"[{want.tag}]")
+                     f"[{want.tag}{world}]")
             break
     if first is None and end - start < len(expected):
         want = expected[end - start]
@@ -236,7 +275,8 @@ def _compare_rank(trace: Trace, rank: RankCalls, pattern: Pattern, p2p: set[str]
     return first
 
 
-def validate(trace: Trace, pattern: Pattern) -> Validation:
+def validate(trace: Trace, pattern: Pattern, rank_order: str = LAYOUT_ORDER) -> Validation:
+    """`rank_order`: how the job numbered the trace's ranks (patterns/rank_order.py)."""
     world = pattern.layout.world_size
     if trace.disjoint and pattern.layout.pp > 1:
         raise ConfigError(trace.disjoint + "; a pipeline's stages send/recv between them: "
@@ -250,7 +290,7 @@ def validate(trace: Trace, pattern: Pattern) -> Validation:
         if not 0 <= rank.rank < world:
             raise ConfigError(f"trace rank {rank.rank} ({rank.name}) is outside the layout's "
                               f"{world} ranks; pass the --tp/--pp the engine ran with")
-        first = _compare_rank(trace, rank, pattern, p2p, result.rows, result)
+        first = _compare_rank(trace, rank, pattern, p2p, result.rows, result, rank_order)
         if result.first_difference is None:
             result.first_difference = first
     notes = result.notes

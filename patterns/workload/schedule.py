@@ -85,6 +85,10 @@ class Schedule:
     # A request decodes in the prefill (mixed) steps of its decode range too: vLLM, SGLang
     # with mixed chunks. False: SGLang's default, decodes wait while a prefill batch runs.
     decode_in_mixed: bool = True
+    # (issued step, its clock step) of the first step and of each after an idle gap: the
+    # clock of issued step i is c + i - s for the last (s, c) with s <= i (DP ranks step
+    # together by clock: patterns/workload/dp_timeline.py). Empty: not recorded.
+    resumes: tuple[tuple[int, int], ...] = ()
 
     @property
     def steps(self) -> int:

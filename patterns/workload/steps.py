@@ -3,9 +3,10 @@ gives under the engine's own rules (transports included), run-length folded.
 
 Each distinct step shape is turned into calls once (`functools.cache` on the shape), so the
 cost of a pattern is that of its distinct shapes and segments, not of its steps.
-Only one engine replica is modelled (dp 1), and pp 1 but for vLLM's synchronous scheduler,
-whose queue of pp batches in flight `patterns/engines/vllm/pp_scheduler.py` simulates: each
-stage's calls of an issued batch are one step of that stage's runs.
+One engine replica at pp 1 here, or at pp > 1 for vLLM's synchronous scheduler, whose queue
+of pp batches in flight `patterns/engines/vllm/pp_scheduler.py` simulates: each stage's
+calls of an issued batch are one step of that stage's runs. At dp > 1 (pp 1) the requests
+are routed to DP ranks and each runs its own: `dp_pattern.py`.
 """
 
 from collections.abc import Callable, Sequence
@@ -56,10 +57,10 @@ def check_workload_layout(engine: str, layout: Layout, flag: str = "--requests")
     if engine not in WORKLOAD_ENGINES:
         raise ConfigError(f"{flag} with engine {engine}: "
                           f"{NOT_MODELLED.get(engine, 'not modelled; use vllm or sglang')}")
-    if (layout.pp > 1 and engine != "vllm") or layout.dp > 1:
-        raise ConfigError(f"{flag} models one engine replica at pp 1 (here pp({layout.pp}),"
-                          f" dp({layout.dp})): engines keep several batches in flight under PP "
-                          "and route requests between DP replicas; use --pp 1 --dp 1")
+    if layout.pp > 1 and (engine != "vllm" or layout.dp > 1):
+        raise ConfigError(f"{flag} is modelled at pp 1 (here pp({layout.pp}), dp({layout.dp}))"
+                          f"{' but for vllm at dp 1' if engine == 'vllm' else ''}: engines keep "
+                          "several batches in flight under PP; use --pp 1")
 
 
 def shell_workload(requests: Sequence[Request], dtype: str | None) -> Workload:
@@ -67,6 +68,20 @@ def shell_workload(requests: Sequence[Request], dtype: str | None) -> Workload:
     and output, one request (the steps themselves are the schedule's)."""
     return Workload(prompt=max(r.prompt for r in requests),
                     decode=max(r.output for r in requests), batch=1, dtype=dtype)
+
+
+def shell_pattern(engine: str, model: ModelConfig, layout: Layout, requests: Sequence[Request],
+                  dtype: str | None, options: EngineOptions, source: str) -> WorkloadPattern:
+    """A workload pattern's engine, model, layout, options, requests and source, checked as
+    `build_pattern` checks them, with no steps yet (a DP workload adds its own:
+    patterns/workload/dp_pattern.py)."""
+    longest = max(requests, key=lambda r: r.prompt + r.output)
+    model.check_sequence(longest.prompt, longest.output)
+    _check_options(ENGINE_INFO[engine], options)
+    return WorkloadPattern(engine=engine, model=model, layout=layout,
+                           workload=shell_workload(requests, dtype or model.default_dtype),
+                           options=options, stages=((),), requests=tuple(requests),
+                           source=source)
 
 
 def build_pattern(engine: str, model: ModelConfig, layout: Layout, requests: Sequence[Request],

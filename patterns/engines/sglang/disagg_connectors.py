@@ -32,6 +32,8 @@ contiguous and a run of heads is contiguous only within one token.
   (`swa_window`).
 - Pages: of 1 token but on the b200, where the attention backend SGLang picks forces 64
   (`page_size`). A request moves whole pages, its last one's padding included.
+- Batches handed to the transfer engine (`mooncake_batches`): Mooncake's
+  `batch_transfer_sync`, one call a list of blocks, waits for all of them.
 """
 
 from patterns.errors import ConfigError
@@ -132,3 +134,36 @@ def chunk_tokens(prompt: int, chunk: int, page: int) -> tuple[int, ...]:
             sizes.append(end - sent)
             sent = end
     return tuple(sizes)
+
+
+def mooncake_batches(whole: bool, layers: int, regions: int, pages: int, tokens_a_page: int,
+                     chunks: tuple[int, ...], swa_layers: int) -> list[tuple[int, int]]:
+    """(first descriptor, descriptors) of each batch SGLang's Mooncake sender hands
+    `batch_transfer_sync` for one request, in the order of `KVTransfer.descriptors` (equal
+    tp: chunk, layer, K or V; different tp: layer, K or V, page, token slot), SGLang's order.
+
+    Equal tp or MLA (`whole`): each chunk's `send_kvcache` (mooncake/conn.py:1373 @ 8905cbd4)
+    builds every layer's K and V runs into one list, `process_layers`, and makes one
+    `_transfer_data` -> `batch_transfer_sync` call of it (conn.py:669-673, 695, 574-581);
+    per layer only under a custom memory pool (NVLink, conn.py:675-693), not modelled. The
+    sliding-window layers' runs are one more call (`maybe_send_extra`, conn.py:960).
+    Different tp: each chunk's `send_kvcache_slice` (conn.py:1400) submits one
+    `batch_transfer_sync` a layer for K, then one a layer for V, each holding one slice a
+    token slot of the chunk's pages (`process_layer_tp_aware`, conn.py:807-831), to an
+    executor of `SGLANG_DISAGGREGATION_THREAD_POOL_SIZE // SGLANG_DISAGGREGATION_QUEUE_SIZE`
+    threads: 4 // 4 = 1 on a host of up to 127 CPUs (conn.py:176-195), so one after another.
+    """
+    if whole:
+        per = layers * regions
+        out = [(k * per, per) for k in range(max(len(chunks), 1))]
+        if swa_layers:
+            out.append((len(out) * per, swa_layers * regions))
+        return out
+    out, first = [], 0
+    for chunk_pages in chunks or (pages,):
+        for layer in range(layers):
+            for region in range(regions):
+                start = ((layer * regions + region) * pages + first) * tokens_a_page
+                out.append((start, chunk_pages * tokens_a_page))
+        first += chunk_pages
+    return out

@@ -22,11 +22,14 @@ tp/dp ranks; SGLang's TP group holds the same ranks as the `ep` group here):
 """
 
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 
 from patterns.dp_steps import RankStep
 from patterns.layout import Layout
+from patterns.models import ModelConfig
 from patterns.moe import ceil_div, tp_op
 from patterns.ops import Op, OpKind, Phase, Transport
+from patterns.tiled import Part, TiledOps
 
 # int64 values each rank contributes to SGLang's MLPSyncBatchInfo all-gather (spec 10.4).
 MLP_SYNC_FIELDS = 7
@@ -144,3 +147,29 @@ def sglang_dp_logits(layout: Layout, rows: Sequence[int], dp_rank: int, hidden: 
         return []
     return [*gather, Op(kind=OpKind.ALLGATHER, group="ep", group_size=n, shape=(total, shard),
                         out_shape=(total, shard * n), dtype=dtype, tag="logits")]
+
+
+def sglang_dp_layers(model: ModelConfig, layout: Layout, tokens: Sequence[int], dp_rank: int,
+                     dtype: str, mode: str, a2a: str) -> TiledOps:
+    """Every layer's `sglang_dp_layer` calls of one step, one layer's calls a run of layers
+    of a kind (dense or MoE: their calls differ by tag alone)."""
+    parts: list[Part] = []
+    for first, count, moe in _kind_runs(model):
+        top_k = model.num_experts_per_tok if moe else None
+        ops = sglang_dp_layer(f"layers.{first}", layout, tokens, dp_rank, model.hidden_size,
+                              dtype, mode, top_k, a2a)
+        parts.append((tuple(ops), first, count))
+    return TiledOps(parts)
+
+
+@lru_cache(maxsize=64)
+def _kind_runs(model: ModelConfig) -> tuple[tuple[int, int, bool], ...]:
+    """(first layer, layers, MoE) of each run of dense or MoE layers."""
+    runs: list[tuple[int, int, bool]] = []
+    for layer in range(model.num_hidden_layers):
+        moe = model.is_moe_layer(layer)
+        if runs and runs[-1][2] == moe:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1, moe)
+        else:
+            runs.append((layer, 1, moe))
+    return tuple(runs)

@@ -38,11 +38,12 @@ from patterns.dp_steps import SGLANG_IDLE_STEP, RankStep, align_dp_runs, build_r
 from patterns.dtypes import dtype_bytes
 from patterns.engine_base import EngineInfo, register
 from patterns.engines.sglang.dp import (
-    sglang_dp_layer,
+    sglang_dp_layers,
     sglang_dp_logits,
     sglang_mlp_sync,
     sglang_step_tokens,
 )
+from patterns.engines.sglang.embedding import check_dp_attention_embedding, embedding_ops
 from patterns.engines.sglang.transports import sglang_allreduce, sglang_logits_allgather
 from patterns.engines.vllm.pp_transfer import PP_KEYS, pp_receive
 from patterns.errors import ConfigError
@@ -52,6 +53,7 @@ from patterns.ops import Op, OpKind, Phase, Transport
 from patterns.pattern import EngineOptions, Pattern, Run
 from patterns.shapes import padded_vocab, prefill_chunks, stage_layer_counts
 from patterns.stage import Stage, merge, pad_to, run, stages, tp_model_calls
+from patterns.tiled import TiledOps
 
 INFO = EngineInfo(
     name="sglang",
@@ -207,14 +209,16 @@ def _dp_attention(model: ModelConfig, layout: Layout, workload: Workload,
                   options: EngineOptions) -> tuple[tuple[tuple[Run, ...], ...], ...]:
     """A MoE model at dp > 1 runs DP attention (`--enable-dp-attention`, SGLang's --tp is
     dp x tp here): every DP rank's runs, the ranks stepping together with idle batches
-    (`patterns.dp_steps`). Per step the MLPSyncBatchInfo all-gather; per layer (dense
-    layers too: FULL MLP mode) the DP gather and scatter of `dp.sglang_dp_layer`,
-    or DeepEP all-to-all for MoE layers with `--a2a alltoall`; the logits of
-    `sglang_dp_logits`. Extend steps run eager here."""
+    (`patterns.dp_steps`). Per step the MLPSyncBatchInfo all-gather and the embedding's
+    attention-TP all-reduce (`embedding.py`); per layer (dense layers too: FULL MLP mode)
+    the DP gather and scatter of `dp.sglang_dp_layer`, or DeepEP all-to-all for MoE layers
+    with `--a2a alltoall`; the logits of `sglang_dp_logits`. Extend steps run eager here,
+    in chunks of chunked_prefill_size / dp (`dp_attention_budget`)."""
     if layout.pp > 1:
         raise ConfigError(f"sglang with dp({layout.dp}) models DP attention at pp 1 only; "
                           "use --pp 1")
-    budget = options.max_batched_tokens or chunked_prefill_size(options.gpu)
+    check_dp_attention_embedding(model)
+    budget = dp_attention_budget(options, layout)
     sizes = [] if options.eager else decode_graph_sizes(layout.dp * layout.tp, options.gpu)
 
     def graph(tokens: int) -> int | None:
@@ -228,23 +232,41 @@ def _dp_attention(model: ModelConfig, layout: Layout, workload: Workload,
         if workload.decode_steps:
             own.append((RankStep(Phase.DECODE, batch, batch), workload.decode_steps))
         per_rank.append(own)
-    vocab = padded_vocab(model.vocab_size)
     dtype = workload.dtype or model.default_dtype
 
     def ops_of(d: int, stage: int, steps: tuple[RankStep, ...],
                tokens: tuple[int, ...]) -> list[Op]:
         _, mode = sglang_step_tokens(steps, graph)
-        ops = sglang_mlp_sync(layout)
-        for layer in range(model.num_hidden_layers):
-            top_k = model.num_experts_per_tok if model.is_moe_layer(layer) else None
-            ops += sglang_dp_layer(f"layers.{layer}", layout, tokens, d, model.hidden_size,
-                                   dtype, mode, top_k, options.a2a)
-        rows = tuple(s.rows for s in steps)
-        return ops + [_dp_logits_transport(op, options) for op in sglang_dp_logits(
-            layout, rows, d, model.hidden_size, vocab, dtype, mode)]
+        return list(dp_attention_step(model, layout, tokens, d, mode,
+                                      tuple(s.rows for s in steps), dtype, options))
 
     return build_replicas(align_dp_runs(per_rank, SGLANG_IDLE_STEP), 1,
                           lambda steps: sglang_step_tokens(steps, graph)[0], ops_of)
+
+
+def dp_attention_step(model: ModelConfig, layout: Layout, tokens: tuple[int, ...], d: int,
+                      mode: str, rows: tuple[int, ...], dtype: str,
+                      options: EngineOptions) -> TiledOps:
+    """DP rank d's calls in a DP-attention step of every rank's `tokens` (padded) and
+    sampled `rows`: the MLPSyncBatchInfo all-gather, the embedding's attention-TP
+    all-reduce (`embedding.py`), every layer's DP gather and scatter, the logits."""
+    layers = sglang_dp_layers(model, layout, tokens, d, dtype, mode, options.a2a)
+    return TiledOps((((*sglang_mlp_sync(layout),
+                       *embedding_ops(model, layout, tokens[d], dtype)), 0, 0),
+                     *layers.parts, (dp_attention_logits(model, layout, rows, d, dtype, mode,
+                                                         options), 0, 0)))
+
+
+def dp_attention_logits(model: ModelConfig, layout: Layout, rows: tuple[int, ...], d: int,
+                        dtype: str, mode: str, options: EngineOptions) -> tuple[Op, ...]:
+    return tuple(_dp_logits_transport(op, options) for op in sglang_dp_logits(
+        layout, rows, d, model.hidden_size, padded_vocab(model.vocab_size), dtype, mode))
+
+
+def dp_attention_budget(options: EngineOptions, layout: Layout) -> int:
+    """A DP-attention rank's chunk of prefill tokens: SGLang divides chunked_prefill_size
+    (given or its default) by dp_size (`server_args.py:5572-5580` @ 8905cbd4)."""
+    return (options.max_batched_tokens or chunked_prefill_size(options.gpu)) // layout.dp
 
 
 def _dp_logits_transport(op: Op, options: EngineOptions) -> Op:

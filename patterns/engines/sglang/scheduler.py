@@ -79,6 +79,8 @@ def schedule_sglang(requests: Sequence[Request], step_time_s: float | None, chun
     out = SegmentList()
     processed = -1  # the last issued step whose result the scheduler has read
     clock, nxt, n = 0, 0, len(requests)
+    resumes: list[tuple[int, int]] = []  # (issued step, its clock) after each idle gap
+    next_clock = -1
 
     def known(r: _Req) -> bool:
         return 0 <= r.done_at <= processed
@@ -131,6 +133,9 @@ def schedule_sglang(requests: Sequence[Request], step_time_s: float | None, chun
         shape = StepShape(sum(t for _, t in chunks), len(chunks), len(decodes), per_decode,
                           len(finished) + len(decodes))
         start = out.add(shape, repeat)
+        if clock != next_clock:
+            resumes.append((start, clock))
+        next_clock = clock + repeat
         for entry, take in chunks:
             spans[entry.index].add(spans[entry.index].prefill, start, start + 1)
             entry.prompt_left -= take
@@ -150,4 +155,4 @@ def schedule_sglang(requests: Sequence[Request], step_time_s: float | None, chun
         clock += repeat
         processed = out.next - 1 - (1 if overlap else 0)
     return Schedule("sglang", tuple(out.segments), tuple(spans), step_time_s or 0.0, clock,
-                    decode_in_mixed=mixed)
+                    decode_in_mixed=mixed, resumes=tuple(resumes))

@@ -26,6 +26,7 @@ class BatchStep(NamedTuple):
     rows: int  # scheduled requests: the logits rows
     samples: int  # requests that sample in it
     repeat: int
+    decodes: int = 0  # of its tokens, those of decoding requests
 
 
 def scheduled_batch(w: Workload, budget: int, max_seqs: int, pp: int,
@@ -44,4 +45,5 @@ def scheduled_batch(w: Workload, budget: int, max_seqs: int, pp: int,
     else:
         return None
     return [BatchStep(s.shape.phase, s.shape.tokens, s.shape.prefill_seqs + s.shape.decode_seqs,
-                      s.shape.samples, s.repeat) for s in schedule.segments]
+                      s.shape.samples, s.repeat, s.shape.decode_seqs * s.shape.decode_tokens)
+            for s in schedule.segments]

@@ -43,21 +43,24 @@ Code read: vLLM upstream main of 2026-08-03 as modal-projects/vllm @ c8109375 (a
   `--no-async-scheduling` V1 broadcasts nothing (`use_async_scheduling` guards the call).
 - MoE with data parallelism (`--dp N`, `--ep`): the rules and their sources are in
   `moe.py` here (all2all.py AgRsAll2AllManager, fused_moe/config.py, dp_utils.py), the DP
-  ranks' steps lined up and padded in `patterns/dp_steps.py` (`moe_layer_ops`,
-  `_dp_replicas`). A dense model at dp > 1 is independent replicas. DeepSeek-V2/V3 at
-  tp > 1, dp > 1 with --ep run their own sequence-parallel layers (`patterns/engines/vllm/sp.py`).
+  ranks' steps lined up and padded in `patterns/dp_steps.py`, their dummy forwards and the
+  wave's 32-step sync in `dp_wave.py`. A dense model at dp > 1 is independent replicas.
+  DeepSeek-V2/V3 at tp > 1, dp > 1 with --ep run their own sequence-parallel layers
+  (`patterns/engines/vllm/sp.py`).
 """
 
 from dataclasses import replace
 from functools import lru_cache
 
-from patterns.dp_steps import RankStep, align_dp_runs, build_replicas, dp_padded_tokens
 from patterns.dtypes import dtype_bytes
 from patterns.engine_base import EngineInfo, register
 from patterns.engines.vllm.batch_steps import scheduled_batch
-from patterns.engines.vllm.fp8_moe import defers_input_quant, fp8_moe_backend
-from patterns.engines.vllm.moe import vllm_dp_coordination, vllm_moe_layer
-from patterns.engines.vllm.mxfp4 import MXFP4_BACKENDS, moe_allreduce_width, moe_widths
+from patterns.engines.vllm.dp_wave import dp_replicas
+from patterns.engines.vllm.fp8_moe import defers_input_quant
+from patterns.engines.vllm.hybrid import StepMix, embed_ops, hybrid_layer_ops
+from patterns.engines.vllm.moe import vllm_moe_layer
+from patterns.engines.vllm.moe_backend import check_moe_backend
+from patterns.engines.vllm.mxfp4 import moe_allreduce_width, moe_widths
 from patterns.engines.vllm.pp_transfer import pp_receive, pp_send, sends_metadata
 from patterns.engines.vllm.rules import v1_capture_sizes, v1_defaults
 from patterns.engines.vllm.sp import deepseek_sp, sp_final, sp_input, sp_moe_layer
@@ -80,9 +83,9 @@ INFO = EngineInfo(
            "(allreduce_rms_fusion.py)",
     options=("eager", "max_batched_tokens", "gpu", "nccl_only", "model_runner", "max_num_seqs",
              "a2a", "moe_backend", "async_scheduling", "pp_whole_tensors", "prefix_caching",
-             "kv_block_size", "tensor_device"),
+             "kv_block_size", "wave_tail", "tensor_device"),
     not_modelled=(
-        "MoE at dp > 1: DBO micro-batching, EPLB, the engine core's gloo all-reduce every 32 steps",
+        "MoE at dp > 1: DBO micro-batching, EPLB, the DP pause protocol",
         "the shared-memory SchedulerOutput broadcast (the engine core to the workers)",
         "sequence parallelism / AsyncTP (off for dense models by default)",
         "speculative decoding unless --speculative-config is given",
@@ -95,6 +98,8 @@ _V2_MOE_MODEL_TYPES = frozenset({"deepseek_v2", "qwen2_moe", "granitemoe"})
 
 
 def default_model_runner(model: ModelConfig) -> str:
+    if model.hybrid:  # a hybrid is V1's unless its architecture is listed (config/vllm.py:651)
+        return "v1"
     return "v2" if not model.is_moe or model.model_type in _V2_MOE_MODEL_TYPES else "v1"
 
 
@@ -118,8 +123,9 @@ def _allreduce(st: Stage, tokens: int, tag: str, feeds_rmsnorm: bool = True,
                width: int | None = None) -> Op:
     width = width or st.h
     nbytes = tokens * width * dtype_bytes(st.dtype)
-    # enforce_eager turns torch.compile off, and with it the fusion pass.
-    fusable = feeds_rmsnorm and not st.options.eager
+    # enforce_eager turns torch.compile off, and with it the fusion pass; some families'
+    # outputs never meet an RMSNorm straight (patterns/families.py).
+    fusable = feeds_rmsnorm and not st.options.eager and st.model.norm_fusion
     transport = vllm_allreduce(nbytes, st.tp, st.options.gpu, st.dtype, fusable,
                                st.options.nccl_only)
     return st.tp_op(OpKind.ALLREDUCE, (tokens, width), (tokens, width), tag, transport)
@@ -153,7 +159,9 @@ def moe_layer_ops(st: Stage, layer: int, tokens: int, feeds_rmsnorm: bool) -> li
             if op.kind == OpKind.ALLREDUCE and op.group == "tp" else op for op in ops]
 
 
-def _layer_ops(st: Stage, layer: int, tokens: int) -> list[Op]:
+def _layer_ops(st: Stage, layer: int, tokens: int, mix: StepMix | None = None) -> list[Op]:
+    if st.model.hybrid:  # Mamba hybrids: hybrid.py
+        return hybrid_layer_ops(st, layer, tokens, mix)
     # The last layer of a stage that hands its output to the next stage feeds no RMSNorm,
     # so the fusion pass cannot take its second all-reduce.
     feeds_rmsnorm = st.is_last or layer != st.layers[-1]
@@ -171,36 +179,50 @@ def _layer_ops(st: Stage, layer: int, tokens: int) -> list[Op]:
     return [*ops, _allreduce(st, tokens, tag, feeds_rmsnorm)]
 
 
-@lru_cache(maxsize=64)
 def _layer_runs(st: Stage) -> list[tuple[int, tuple[object, ...], int]]:
     """Runs of layers of one class (first layer, class, layers): what `_layer_ops` reads of
-    a layer but its number (one class, the same calls but for their tags)."""
-    moe, runs = st.model.is_moe_layer, []
-    for layer in st.layers:
-        kind = (moe(layer), mlp_module(st.model, layer), layer == st.layers[-1], layer == 0,
-                layer > 0 and moe(layer - 1))
+    a layer but its number (one class, the same calls but for their tags). Kept by what
+    they follow from (a DP rank's stage differs by its step's tokens alone)."""
+    return _runs_of(st.model, st.layers, st.tp > 1)
+
+
+@lru_cache(maxsize=64)
+def _runs_of(model: ModelConfig, layers: range, flags: bool
+             ) -> list[tuple[int, tuple[object, ...], int]]:
+    moe, runs = model.is_moe_layer, []
+    for layer in layers:
+        # at tp 1 the last / first / after-MoE flags choose nothing (no fusion, no SP)
+        kind = ((moe(layer), mlp_module(model, layer), layer == layers[-1], layer == 0,
+                 layer > 0 and moe(layer - 1)) if flags else (moe(layer), mlp_module(
+                     model, layer))) + (model.layer_blocks(layer),)
         first, _, count = runs.pop() if runs and runs[-1][1] == kind else (layer, kind, 0)
         runs.append((first, kind, count + 1))
     return runs
 
 
 def forward(st: Stage, tokens: int, rows: int, vocab_multiple: int = 64,
-            untagged: bool = False) -> list[Op]:
+            untagged: bool = False, mix: StepMix | None = None,
+            layers_at: list[tuple[int, int, int, int]] | None = None) -> list[Op]:
     """Model calls of one forward pass of T = `tokens` over R = `rows` requests. `untagged`,
     for pricing alone (plan reads no tag): one layer's calls stand for every layer of its
-    class (`_layer_runs`), the same objects, the first one's tags."""
+    class (`_layer_runs`), the same objects, the first one's tags; `layers_at` is then told
+    where each run of layers lies (`patterns.tiled.from_runs` makes their tags again).
+    `mix`: the step's tokens before padding and its decodes, where the model's calls depend
+    on them (hybrid.py)."""
     metadata = sends_metadata(st)
     ops, shape = pp_receive(st, tokens, metadata=metadata)
     if st.tp > 1 and st.is_first:
-        ops.append(_allreduce(st, tokens, "embed_tokens"))
+        ops += embed_ops(st, tokens, mix)
     if st.tp > 1 or exchanges_tokens(st.layout):  # MoE layers exchange tokens at dp > 1
         built: dict[tuple[object, ...], list[Op]] = {}
         for layer, kind, count in (_layer_runs(st) if untagged else ()):
             if kind not in built:
-                built[kind] = _layer_ops(st, layer, tokens)
+                built[kind] = _layer_ops(st, layer, tokens, mix)
+            if layers_at is not None:
+                layers_at.append((len(ops), layer, count, len(built[kind])))
             ops += built[kind] * count
         for layer in (() if untagged else st.layers):
-            ops += _layer_ops(st, layer, tokens)
+            ops += _layer_ops(st, layer, tokens, mix)
         if deepseek_sp(st):
             ops += sp_final(st, tokens)
     if not st.is_last:
@@ -242,19 +264,21 @@ def _stage_runs(st: Stage, options: EngineOptions, runner: str) -> list[Run]:
     runs, scheduled = [], scheduled_batch(w, budget, max_seqs, st.pp, options)
     for s in scheduled or ():  # chunked prompts: decodes ride beside later chunks
         tokens = pad_to(sizes, s.tokens)
-        runs.append(run(s.phase, forward(st, tokens, s.rows) + pp_broadcasts(
-            st, s.rows, s.samples > 0, w.decode_steps > 0, runner), tokens, s.rows, s.repeat))
+        runs.append(run(s.phase, forward(st, tokens, s.rows, mix=StepMix(s.tokens, s.decodes))
+                        + pp_broadcasts(st, s.rows, s.samples > 0, w.decode_steps > 0, runner),
+                        tokens, s.rows, s.repeat))
     for chunk in () if scheduled else prefill_chunks(w.batch, w.prompt, budget):
         tokens = pad_to(sizes, chunk.tokens)
         # A prompt's first token is needed later only if it has decode steps.
-        ops = forward(st, tokens, chunk.seqs) + pp_broadcasts(
+        ops = forward(st, tokens, chunk.seqs, mix=StepMix(chunk.tokens)) + pp_broadcasts(
             st, chunk.seqs, chunk.rows > 0, w.decode_steps > 0, runner)
         runs.append(run(Phase.PREFILL, ops, tokens, chunk.seqs))
     if w.decode_steps and not scheduled:
         tokens = pad_to(sizes, w.batch)
         # Decode step j (1..Sd-1) is needed: V2 checks prompt + j - 1 + 1 < prompt + Sd.
-        runs.append(run(Phase.DECODE, forward(st, tokens, w.batch) + pp_broadcasts(
-            st, w.batch, True, True, runner), tokens, w.batch, w.decode_steps))
+        runs.append(run(Phase.DECODE, forward(st, tokens, w.batch, mix=StepMix(
+            w.batch, w.batch)) + pp_broadcasts(st, w.batch, True, True, runner), tokens,
+            w.batch, w.decode_steps))
     return merge([r for r in runs if r.repeat])
 
 
@@ -273,68 +297,6 @@ def _check_kv_heads(model: ModelConfig, tp: int) -> None:
                       f"{', '.join(map(str, allowed))}")
 
 
-def _own_steps(workload: Workload, dp_rank: int, budget: int) -> list[tuple[RankStep, int]]:
-    """One DP rank's own steps: its prefill chunks, then its decode steps."""
-    batch = workload.batch_of(dp_rank)
-    own = [(RankStep(Phase.PREFILL, chunk.tokens, chunk.seqs), 1)
-           for chunk in prefill_chunks(batch, workload.prompt, budget)]
-    if workload.decode_steps:
-        own.append((RankStep(Phase.DECODE, batch, batch), workload.decode_steps))
-    return own
-
-
-def _dp_replicas(model: ModelConfig, layout: Layout, workload: Workload,
-                 options: EngineOptions, runner: str) -> tuple[tuple[tuple[Run, ...], ...], ...]:
-    """A MoE model at dp > 1: every DP rank's runs, the ranks stepping together
-    (`patterns.dp_steps`): the per-step coordination all-reduce on the DP gloo group (NCCL
-    under V1 with --no-async-scheduling: `vllm_dp_coordination`), DP padding, dummy steps
-    on a rank that has finished, and the dispatch / combine of every MoE layer.
-    PP broadcasts take every step as sampling."""
-    default_seqs, default_budget = v1_defaults(options.gpu)
-    max_seqs = options.max_num_seqs or default_seqs
-    budget = options.max_batched_tokens or default_budget
-    sizes = [] if options.eager else v1_capture_sizes(max_seqs, budget)
-
-    def graph(tokens: int) -> int | None:
-        return pad_to(sizes, tokens) if sizes and tokens <= sizes[-1] else None
-
-    per_rank = [_own_steps(workload, d, budget) for d in range(layout.dp)]
-    sts = stages(model, layout, workload, options,
-                 stage_layer_counts(model.num_hidden_layers, layout.pp))
-
-    def tokens_of(steps: tuple[RankStep, ...]) -> tuple[int, ...]:
-        return dp_padded_tokens([s.tokens for s in steps], graph)
-
-    def ops_of(d: int, stage: int, steps: tuple[RankStep, ...],
-               tokens: tuple[int, ...]) -> list[Op]:
-        st = replace(sts[stage], dp_rank=d, dp_tokens=tokens)
-        rows = steps[d].rows
-        ops = (vllm_dp_coordination(layout, runner, async_scheduling(options))
-               + forward(st, tokens[d], rows)
-               + pp_broadcasts(st, rows, rows > 0, True, runner))
-        # A dummy step samples nothing: no logits call.
-        return [op for op in ops if not (op.tag == "logits" and rows == 0)]
-
-    return build_replicas(align_dp_runs(per_rank), layout.pp, tokens_of, ops_of)
-
-
-def _check_moe_backend(model: ModelConfig, layout: Layout, options: EngineOptions) -> None:
-    """--moe-backend: the kernel of mxfp4 (gpt-oss) or block-fp8 (DeepSeek-V3) experts."""
-    chosen = options.moe_backend
-    if chosen is None:
-        return
-    if model.weight_format == "mxfp4":
-        if chosen not in MXFP4_BACKENDS:
-            raise ConfigError(f"moe-backend {chosen} does not run mxfp4 experts; use one of "
-                              f"{', '.join(MXFP4_BACKENDS)}")
-        return
-    if model.weight_format == "fp8":
-        fp8_moe_backend(options.gpu, layout.ep, chosen, options.a2a)  # refuses as vLLM does
-        return
-    raise ConfigError(f"moe-backend picks the kernel of mxfp4 (gpt-oss) or block-fp8 MoE "
-                      f"checkpoints; {model.name} is neither: drop --moe-backend")
-
-
 @register(INFO)
 def vllm_v1(model: ModelConfig, layout: Layout, workload: Workload,
             options: EngineOptions) -> Pattern:
@@ -345,12 +307,16 @@ def vllm_v1(model: ModelConfig, layout: Layout, workload: Workload,
         raise ConfigError(f"batch({largest}) exceeds max-num-seqs({max_seqs}): vLLM "
                           "would not run it as one batch; use batch <= max-num-seqs")
     _check_kv_heads(model, layout.tp)
-    _check_moe_backend(model, layout, options)
+    check_moe_backend(model, layout, options)
     runner = options.model_runner or default_model_runner(model)
     options = replace(options, model_runner=runner, async_scheduling=async_scheduling(options))
     counts = stage_layer_counts(model.num_hidden_layers, layout.pp)
-    if layout.dp > 1 and model.is_moe:
-        replicas = _dp_replicas(model, layout, workload, options, runner)
+    if layout.dp > 1 and model.is_moe:  # DP ranks in lockstep, the wave: dp_wave.py
+        replicas = dp_replicas(model, layout, workload, options, runner,
+                               bool(options.async_scheduling), lambda st, t, own: forward(
+                                   st, t, own.rows, mix=StepMix(own.tokens, own.tokens * (
+                                       own.phase == Phase.DECODE)))
+                               + pp_broadcasts(st, own.rows, own.rows > 0, True, runner))
         return Pattern(engine=INFO.name, model=model, layout=layout, workload=workload,
                        options=options, stages=replicas[0], dp_stages=replicas)
     # Dense at dp > 1: independent replicas (engine spec 10.3), each with its own batch.

@@ -100,30 +100,88 @@ def schedule_vllm(requests: Sequence[Request], step_time_s: float | None, max_nu
     up front: max_num_seqs x (1 + k) above the budget is a legal configuration (k = 8 at
     vLLM's defaults, 1024 x 9 > 8192) as long as that many never decode at once.
     """
-    per_decode = 1 + spec_tokens
-    arrivals = arrival_steps(requests, step_time_s)
-    spans = [Span(a) for a in arrivals]
-    decoders: list[tuple[int, int]] = []  # heap of (issued step it is gone at, request)
-    partial: tuple[int, int] | None = None  # (request, prompt tokens left)
-    waiting: deque[int] = deque()
-    # Async: finished requests still in RUNNING (skipped) at the issued step of the key.
-    lingering: dict[int, int] = {}
-    out = SegmentList()
-    clock, nxt, n = 0, 0, len(requests)
-    while True:
-        i = out.next
-        while decoders and decoders[0][0] <= i:  # sampled its last token in step i - 1
-            heappop(decoders)
-        held = lingering.pop(i, 0)
-        while nxt < n and arrivals[nxt] <= clock:
-            waiting.append(nxt)
-            spans[nxt].waited_steps = -i  # completed when it first runs
-            nxt += 1
-        if not (decoders or partial or waiting):
-            if nxt == n:
+    scheduler = VllmScheduler(requests, arrival_steps(requests, step_time_s), max_num_seqs,
+                              max_batched_tokens, spec_tokens, accepted, async_scheduling,
+                              prefix)
+    for i in range(len(requests)):
+        scheduler.add(i)
+    scheduler.advance(None)
+    return scheduler.schedule(step_time_s)
+
+
+class VllmScheduler:
+    """`schedule_vllm`'s scheduler, resumable: the requests it is given (`add`, in arrival
+    order, indices into `requests`) are scheduled up to a clock step (`advance`), so that a
+    front end can route each request knowing what every DP rank has finished by its arrival
+    (patterns/workload/dp_routing.py). `finished_at[r]`: the clock step at whose end request
+    r's last token is sampled (the end of its last step), once its prompt is done."""
+
+    def __init__(self, requests: Sequence[Request], arrivals: Sequence[int], max_num_seqs: int,
+                 max_batched_tokens: int, spec_tokens: int = 0, accepted: float = 1.0,
+                 async_scheduling: bool = False, prefix: PrefixCache | None = None) -> None:
+        self.requests, self.arrivals = requests, arrivals
+        self.max_num_seqs, self.max_batched_tokens = max_num_seqs, max_batched_tokens
+        self.spec_tokens, self.accepted = spec_tokens, accepted
+        self.async_scheduling, self.prefix = async_scheduling, prefix
+        self.own: list[int] = []  # the requests given, in arrival order
+        self.spans: dict[int, Span] = {}
+        self.finished_at: dict[int, int] = {}
+        self.decoders: list[tuple[int, int]] = []  # heap of (issued step it is gone at, r)
+        self.partial: tuple[int, int] | None = None  # (request, prompt tokens left)
+        self.waiting: deque[int] = deque()
+        # Async: finished requests still in RUNNING (skipped) at the issued step of the key.
+        self.lingering: dict[int, int] = {}
+        self.out = SegmentList()
+        self.clock = self.nxt = 0
+        self.resumes: list[tuple[int, int]] = []  # (issued step, its clock) after each gap
+        self._next_clock = -1  # the clock the next issued step runs at without a gap
+
+    def add(self, r: int) -> None:
+        self.own.append(r)
+        self.spans[r] = Span(self.arrivals[r])
+
+    def schedule(self, step_time_s: float | None) -> Schedule:
+        return Schedule("vllm", tuple(self.out.segments),
+                        tuple(self.spans[r] for r in self.own), step_time_s or 0.0,
+                        self.clock, resumes=tuple(self.resumes))
+
+    def busy(self) -> bool:
+        return bool(self.decoders or self.partial or self.waiting)
+
+    def advance(self, horizon: int | None) -> None:
+        """Issue every step that starts before clock step `horizon` (None: all of them):
+        no request given later arrives before it."""
+        requests, arrivals, own = self.requests, self.arrivals, self.own
+        per_decode = 1 + self.spec_tokens
+        spans, decoders, waiting, out = self.spans, self.decoders, self.waiting, self.out
+        prefix, max_num_seqs = self.prefix, self.max_num_seqs
+        while horizon is None or self.clock < horizon:
+            i, clock, n = out.next, self.clock, len(own)
+            while decoders and decoders[0][0] <= i:  # sampled its last token in step i - 1
+                heappop(decoders)
+            held = self.lingering.pop(i, 0)
+            while self.nxt < n and arrivals[own[self.nxt]] <= clock:
+                waiting.append(own[self.nxt])
+                spans[own[self.nxt]].waited_steps = -i  # completed when it first runs
+                self.nxt += 1
+            if not (decoders or self.partial or waiting):
+                if self.nxt < n:  # idle until the next arrival: no step issued
+                    self.clock = arrivals[own[self.nxt]]
+                    continue
+                if horizon is not None:  # nothing before the horizon: wait there
+                    self.clock = horizon
                 break
-            clock = arrivals[nxt]  # idle until the next arrival: no step issued
-            continue
+            self._step(i, clock, held, per_decode, spans, decoders, waiting, out, prefix,
+                       max_num_seqs, requests, arrivals, horizon)
+
+    def _step(self, i: int, clock: int, held: int, per_decode: int, spans: dict[int, Span],
+              decoders: list[tuple[int, int]], waiting: deque[int], out: SegmentList,
+              prefix: PrefixCache | None, max_num_seqs: int, requests: Sequence[Request],
+              arrivals: Sequence[int], horizon: int | None) -> None:
+        """One schedule() at issued step i, clock step `clock` (the loop's body)."""
+        partial, accepted, async_scheduling = self.partial, self.accepted, self.async_scheduling
+        spec_tokens, max_batched_tokens = self.spec_tokens, self.max_batched_tokens
+        lingering = self.lingering
         # RUNNING in order: the decodes (1 + k tokens each), then the cut prompt's next chunk.
         budget = max_batched_tokens - len(decoders) * per_decode
         if budget < (partial is not None):
@@ -170,12 +228,17 @@ def schedule_vllm(requests: Sequence[Request], step_time_s: float | None, max_nu
         repeat = 1
         if not chunks and not (held and waiting):  # a held slot frees at the next step
             repeat = decoders[0][0] - i
-            if nxt < n:
-                repeat = min(repeat, arrivals[nxt] - clock)
+            if self.nxt < len(self.own):
+                repeat = min(repeat, arrivals[self.own[self.nxt]] - clock)
+            if horizon is not None:  # a request routed later may arrive there
+                repeat = min(repeat, horizon - clock)
         done = sum(1 for _, _, left in chunks if not left)
         shape = StepShape(sum(take for _, take, _ in chunks), len(chunks), len(decoders),
                           per_decode, done + len(decoders), padded)
         start = out.add(shape, repeat)
+        if clock != self._next_clock:
+            self.resumes.append((start, clock))
+        self._next_clock = clock + repeat
         partial = None
         for r, _, left in chunks:
             spans[r].add(spans[r].prefill, start, start + 1)
@@ -183,6 +246,7 @@ def schedule_vllm(requests: Sequence[Request], step_time_s: float | None, max_nu
                 partial = (r, left)
                 continue
             steps = decode_steps_of(requests[r].output, accepted)
+            self.finished_at[r] = clock + steps  # its last token's step (running: no gap)
             if steps:  # it decodes in every step from the next one on
                 spans[r].decode = [start + 1, start + 1 + steps]
             if async_scheduling and wasted_verify(requests[r].output, accepted):
@@ -191,5 +255,5 @@ def schedule_vllm(requests: Sequence[Request], step_time_s: float | None, max_nu
                 lingering[start + 1 + steps] = lingering.get(start + 1 + steps, 0) + 1
             if steps:
                 heappush(decoders, (start + 1 + steps, r))
-        clock += repeat
-    return Schedule("vllm", tuple(out.segments), tuple(spans), step_time_s or 0.0, clock)
+        self.partial = partial
+        self.clock = clock + repeat

@@ -11,6 +11,7 @@ from functools import lru_cache
 from typing import Any
 
 from patterns.engines.vllm import profile as vllm_profile
+from patterns.engines.vllm.hybrid import StepMix, needs_mix
 from patterns.engines.vllm.nixl_connector import dense_block_size, mla_block_size
 from patterns.engines.vllm.pp_scheduler import schedule_vllm_pp
 from patterns.engines.vllm.rules import v1_capture_sizes, v1_defaults
@@ -31,8 +32,8 @@ from patterns.workload.steps import StepGraph, WorkloadPattern, build_pattern, l
 
 
 @lru_cache(maxsize=4096)
-def _forward_ops(st: Stage, tokens: int) -> tuple[Op, ...]:
-    return tuple(vllm_profile.forward(st, tokens, 1))
+def _forward_ops(st: Stage, tokens: int, mix: StepMix | None = None) -> tuple[Op, ...]:
+    return tuple(vllm_profile.forward(st, tokens, 1, mix=mix))
 
 
 @lru_cache(maxsize=64)
@@ -91,12 +92,15 @@ def vllm_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request
         schedule = schedule_vllm(requests, step_time_s, max_seqs, budget, k,
                                  spec.acceptance_length if spec else 1.0, async_on, prefix)
 
-    def model_ops(st: Stage, tokens: int) -> tuple[Op, ...]:
+    def model_ops(st: Stage, tokens: int, shape: StepShape) -> tuple[Op, ...]:
         """The calls a step of T tokens makes, its logits one row (set per step below):
-        built once per T, since every other call follows T alone."""
+        built once per T, since every other call follows T alone (and the unpadded tokens
+        where the model's calls read them: hybrid.needs_mix)."""
+        mix = (StepMix(shape.tokens, shape.decode_seqs * shape.decode_tokens)
+               if needs_mix(st.model) else None)
         # forward reads the stage's workload for its dtype alone: one key for every
         # workload of this stage (plan prices thousands of them, analysis/workload_plan.py)
-        return _forward_ops(replace(st, workload=Workload(1, 1, dtype=st.dtype)), tokens)
+        return _forward_ops(replace(st, workload=Workload(1, 1, dtype=st.dtype)), tokens, mix)
 
     keyed: dict[int, Any] = {}  # a stage, its key and its _untagged_steps
 
@@ -108,7 +112,7 @@ def vllm_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request
             graph, padded_reqs = v2.dispatch(shape.tokens, uniform=uniform)
         else:
             graph = padded(sizes, shape.tokens, uniform_decode=uniform)
-        if untagged and spec is None:
+        if untagged and spec is None and not needs_mix(st.model):
             if keyed.get(id(st), (None,))[0] is not st:  # one stage a pattern: keyed once
                 key = replace(st, workload=Workload(1, 1, dtype=st.dtype))
                 keyed[id(st)] = (st, key, _untagged_steps(key))
@@ -118,7 +122,7 @@ def vllm_workload(model: ModelConfig, layout: Layout, requests: Sequence[Request
             if ops is None:
                 ops = made[0][at] = _untagged_step(key, *at, made)
             return graph, ops
-        ops = list(model_ops(st, graph.tokens))
+        ops = list(model_ops(st, graph.tokens, shape))
         if ops and ops[-1].tag == "logits":  # R rows: every scheduled request's (verify) rows
             rows, shard = logit_rows(shape), ops[-1].shape[1]
             ops[-1] = replace(ops[-1], shape=(rows, shard), out_shape=(rows, shard * st.tp))
