@@ -283,7 +283,10 @@ def main() -> int:
             return 2
         return serve_nixl(args.case, args.out, not args.no_validate)
     if args.case in DP_CASES:  # vllm serve --data-parallel-size: vllm_cpu_dp.py
-        return serve_dp(args.case, args.out, not args.no_validate)
+        with tempfile.TemporaryDirectory(prefix="vllm-isa-") as site:
+            if args.isa == "avx2":  # the servers inherit the environment
+                isa.force_avx2(Path(site))
+            return serve_dp(args.case, args.out, not args.no_validate)
     case = {**CASES, **PROBES}[args.case]
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", case.bind)
     start = time.monotonic()
