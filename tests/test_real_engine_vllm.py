@@ -343,7 +343,9 @@ def test_dense_pp2_tp2_hand_over(served, isa: str) -> None:
     out = _valid(doc, "one-request")
     rows = _rows(out)
     # steps are counted on the last stage, the one that gathers logits: stage 0's ranks
-    # (no gather) once printed "the trace 0 ..., the pattern 3" beside it
+    # (no gather) once printed "the trace 0 ..., the pattern 3" beside it. A first
+    # difference names a pipeline peer's stage, 1, and its world rank: rank 0's at TP2 is
+    # 0 + 2 x 1 = 2.
     assert ("steps (a step ends at the logits gather): the trace 3 from the inference's "
             "start, the pattern 3\n") in out
     argv = doc["workloads"]["one-request"]["validate"]
@@ -359,7 +361,7 @@ def test_dense_pp2_tp2_hand_over(served, isa: str) -> None:
         assert _summary(out)["first_difference"] == (
             "rank 0: call 3 (prefill step 0, op 3 of the step) differs: the trace has send "
             "640 x unknown (group of ? peer 1), the pattern has send 1 x int64 (group of 2 "
-            "peer 1) [pp.metadata.size]")
+            "peer 1) [pp.metadata.size, world rank 2]")
         return
     assert _summary(out)["calls"] == 2 * 7 * 3 + 2 * 9 * 3
     assert ["0", "prefill", "send", "320", "fp32", "?", "2", "2", "equal"] in rows  # 640 / 2
@@ -373,7 +375,7 @@ def test_dense_pp2_tp2_hand_over(served, isa: str) -> None:
     assert _summary(out)["first_difference"] == (
         "rank 0: call 3 (prefill step 0, op 3 of the step) differs: the trace has send 1 x "
         "int64 (group of ? peer 1), the pattern has send 640 x fp32 (group of 2 peer 1) "
-        "[pp.hidden_states]")
+        "[pp.hidden_states, world rank 2]")
 
 
 @ISAS
@@ -401,7 +403,7 @@ def test_dense_pp2_tp2_long_prompt(served, isa: str) -> None:
     assert _summary(out)["first_difference"] == (
         "rank 0: call 4 (prefill step 0, op 4 of the step) differs: the trace has send 185 x "
         "uint8 (group of ? peer 1), the pattern has send 187 x uint8 (group of 2 peer 1) "
-        "[pp.metadata]")
+        "[pp.metadata, world rank 2]")
     assert ("note: the pickled pipeline metadata is 183 or 185 bytes in the trace, 185 or "
             "187 in the pattern: it names the tensors' device type (--tensor-device cuda "
             "here; --tensor-device cpu?), dtype and shape") in out
