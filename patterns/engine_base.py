@@ -92,8 +92,11 @@ def _check_data_parallel(engine: str, model: ModelConfig, layout: Layout,
     if engine in DP_ENGINES or (engine in EP_ENGINES and workload.dp_batches is None):
         return
     if layout.ep or (layout.dp > 1 and model.is_moe) or workload.dp_batches is not None:
-        what = ("--ep" if layout.ep else "--dp-batches" if workload.dp_batches is not None
-                else f"dp({layout.dp}) with the MoE model {model.name}")
+        if engine in EP_ENGINES:  # it models --ep; what it lacks is uneven DP batches
+            what = "--dp-batches"
+        else:
+            what = ("--ep" if layout.ep else "--dp-batches" if workload.dp_batches is not None
+                    else f"dp({layout.dp}) with the MoE model {model.name}")
         raise ConfigError(f"engine {engine} does not model {what}; use --engine "
                           f"{' or '.join(sorted(DP_ENGINES))}")
 
