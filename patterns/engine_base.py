@@ -33,6 +33,7 @@ OPTION_FLAGS: dict[str, str] = {
     "pp_whole_tensors": "--pp-whole-tensors",
     "prefix_caching": "--prefix-caching / --no-prefix-caching",
     "kv_block_size": "--kv-block-size",
+    "tensor_device": "--tensor-device",
     "wave_tail": "--no-wave-tail",
 }
 

@@ -9,6 +9,8 @@ from patterns.models import ModelConfig
 from patterns.ops import Phase, Step
 
 GPUS = ("h100", "h200", "b200", "a100")
+# Where an engine's tensors live: what vLLM's pickled PP metadata names (torch's device type).
+TENSOR_DEVICES = ("cuda", "cpu")
 MODEL_RUNNERS = ("v1", "v2")
 # vLLM's --moe-backend names: the mxfp4 backends (patterns/engines/vllm/mxfp4.py), then those
 # that run block-fp8 experts only (patterns/engines/vllm/fp8_moe.py; its triton and
@@ -53,6 +55,8 @@ class EngineOptions:
     prefix_caching: bool | None = None
     # vLLM's --block-size (tokens a KV block) for prefix caching; None: vLLM's for the model.
     kv_block_size: int | None = None
+    # The device type of vLLM's tensors, which its PP metadata pickles: "cpu" in its CPU build.
+    tensor_device: str = "cuda"
     # vLLM's MoE DP ranks: the wave's tail after the last real step, dummy forwards to the
     # 32-step sync (patterns/engines/vllm/dp_wave.py); False leaves it out (--no-wave-tail:
     # the inference alone, as under traffic that keeps the wave running).
@@ -61,6 +65,9 @@ class EngineOptions:
     def __post_init__(self) -> None:
         if self.gpu not in GPUS:
             raise ConfigError(f"gpu {self.gpu!r} is not modelled; use one of {', '.join(GPUS)}")
+        if self.tensor_device not in TENSOR_DEVICES:
+            raise ConfigError(f"tensor-device {self.tensor_device!r} is not modelled; use one "
+                              f"of {', '.join(TENSOR_DEVICES)}")
         if self.model_runner is not None and self.model_runner not in MODEL_RUNNERS:
             raise ConfigError(f"model-runner {self.model_runner!r} does not exist; use one of "
                               f"{', '.join(MODEL_RUNNERS)}")

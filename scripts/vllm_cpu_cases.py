@@ -95,11 +95,14 @@ CASES: dict[str, Case] = {
     # also all-reduces its gated norm's [T, 1] fp32 sums (tests/test_real_engine_hybrid.py)
     "nemotron-h-tp2": Case("nemotron_h", dict(tensor_parallel_size=2, **SCHEDULED),
                            (ONE, WORKLOADS[0]), config=NEMOTRON_H),
-    # PP2 x TP2, 4 workers on 2 cores: the CPU build sends a stage's tensors whole
+    # PP2 x TP2, 4 workers on 2 cores: with shared memory (AVX-512) the CPU build sends a
+    # stage's tensors whole; without (AVX2) the metadata and TP slices, as on GPUs.
+    # `long-prompt`: a prefill of 300 tokens in one step (the CPU build's budget, 4096), whose
+    # pickled metadata holds a dim of 256 or more (2 bytes longer than [T < 256, 128]'s)
     "dense-pp2-tp2": Case("dense", dict(pipeline_parallel_size=2, tensor_parallel_size=2,
-                                        **SCHEDULED, enforce_eager=False,
+                                        max_num_seqs=2, max_model_len=512, enforce_eager=False,
                                         compilation_config={"mode": 2, "backend": "eager"}),
-                          (ONE,), bind="0|0|1|1"),
+                          (ONE, Workload("long-prompt", ((300, 2),))), bind="0|0|1|1"),
 }
 
 

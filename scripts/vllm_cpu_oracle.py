@@ -10,7 +10,13 @@ starts one `vllm.LLM` engine, and profiles each of its workloads separately
 `*.pt.trace.json.gz` a rank (and OUT/WORKLOAD.jsonl the requests of a workload of several).
 Then, unless --no-validate, it runs `infercomm validate` on each folder with the options
 that say how the engine ran, and exits 1 when one differs. OUT/oracle.json holds, per
-workload, validate's arguments and exit status; the last line is a short JSON object.
+workload, validate's arguments and exit status, and which kernel library the workers loaded
+and how their calls went (`kernel_library`, `collectives`: "shm" or "gloo"); the last line
+is a short JSON object.
+
+`--isa avx2` runs the engine as an AVX2-only CPU would (scripts/vllm_cpu_isa.py): vLLM
+loads `_C_AVX2`, which has no shared-memory communicator, so every call goes over gloo and a
+pipeline stage sends its metadata and TP slices as vLLM does on GPUs.
 
 What makes vLLM's CPU build serve here (2 cores, one NUMA node):
 - VLLM_CPU_OMP_THREADS_BIND: one core list per worker ("0|1"; more workers than cores share
@@ -29,9 +35,11 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import vllm_cpu_isa as isa
 from vllm_cpu_cases import (  # beside this script, on sys.path
     CASES,
     COMMON,
@@ -151,11 +159,12 @@ def write_eagle_head(path: Path) -> None:
     save_file(weights, str(path / "model.safetensors"))
 
 
-def serve(case: Case, model: Path, out: Path) -> tuple[dict[str, list[str]], dict[str, int]]:
+def serve(case: Case, model: Path, out: Path) -> tuple[dict[str, list[str]], dict]:
     """Profile each workload of the case on one engine; {workload: its trace files}, and
     the scheduler's limits as the engine set them (the CPU build's defaults, 4096 tokens
     and 256 sequences a worker, and for MLA models a budget of at least the model length:
-    vllm/engine/arg_utils.py, vllm/platforms/cpu.py)."""
+    vllm/engine/arg_utils.py, vllm/platforms/cpu.py), with the kernel library its workers
+    mapped (`kernel_library`)."""
     from vllm import LLM, SamplingParams
     raw = out / "profiler"
     engine = dict(model=str(model), dtype="float32", skip_tokenizer_init=True,
@@ -195,25 +204,28 @@ def serve(case: Case, model: Path, out: Path) -> tuple[dict[str, list[str]], dic
         for trace in sorted(raw.glob(f"{workload.name}_*.pt.trace.json*")):
             trace.rename(folder / trace.name)
         traces[workload.name] = sorted(str(p) for p in folder.iterdir())
+    limits["kernel_library"] = ",".join(sorted(set(isa.workers_libraries()))) or None
     llm.llm_engine.engine_core.shutdown()  # the workers end now, not at interpreter exit
     return traces, limits
 
 
 def validate_args(case: Case, workload: Workload, out: Path, traces: list[str],
-                  limits: dict[str, int]) -> list[str]:
+                  limits: dict, collectives: str = "shm") -> list[str]:
     """`infercomm validate` of one workload's traces: the engine's settings as pattern
     options. vLLM's CPU build schedules synchronously (vllm/platforms/cpu.py turns async
     scheduling off), captures no CUDA graph, runs Model Runner V1 (vllm/config/vllm.py:
     "Model Runner V2 requires Triton; using the V1 model runner instead") and chunks
-    prefills by max_num_batched_tokens, and sends a pipeline stage's tensors whole
-    (vllm/distributed/parallel_state.py: use_cpu_custom_send_recv); the model ran in fp32."""
+    prefills by max_num_batched_tokens; with its shared-memory communicator (`collectives`
+    "shm") it sends a pipeline stage's tensors whole (vllm/distributed/parallel_state.py:
+    use_cpu_custom_send_recv), without it ("gloo", `_C_AVX2`) the metadata and TP slices as
+    on GPUs, the metadata naming device "cpu"; the model ran in fp32."""
     args = ["validate", "--trace", *traces, "--model", str(out / "model" / "config.json"),
             "--tp", str(case.engine.get("tensor_parallel_size", 1)),
             "--pp", str(case.engine.get("pipeline_parallel_size", 1)), "--dtype",
             {"float32": "fp32", "bfloat16": "bf16"}[case.engine.get("dtype", "float32")],
             "--eager", "--no-async-scheduling", "--model-runner", "v1", *case.validate]
     if case.engine.get("pipeline_parallel_size", 1) > 1:
-        args.append("--pp-whole-tensors")
+        args += ["--pp-whole-tensors"] if collectives == "shm" else ["--tensor-device", "cpu"]
     for key, flag in (("max_num_batched_tokens", "--max-batched-tokens"),
                       ("max_num_seqs", "--max-num-seqs")):
         args += [flag, str(limits[key])]
@@ -230,6 +242,25 @@ def validate_args(case: Case, workload: Workload, out: Path, traces: list[str],
     return [*args, "--requests", str(requests), *block]
 
 
+def isa_record(doc: dict, asked: str, cpu_avx512: bool, library: str | None,
+               traces: list[str]) -> int:
+    """Which kernel library served and how its calls went, into `doc` and one line of
+    output; 1 where --isa avx2 did not take (the workers mapped another library, or the
+    traces hold shared-memory calls), else 0."""
+    ops = isa.collective_ops(traces)
+    doc.update(isa=asked, cpu_avx512=cpu_avx512, kernel_library=library,
+               collectives=isa.transport(ops), collective_ops=ops)
+    shown = ", ".join(f"{name} x{count}" for name, count in ops.items()) or "none recorded"
+    print(f"vLLM CPU build: kernel library {library} (isa {asked}; this CPU "
+          f"{'has' if cpu_avx512 else 'has no'} AVX-512), collectives over "
+          f"{doc['collectives']}: {shown}")
+    if asked == "avx2" and (library != "_C_AVX2" or doc["collectives"] == "shm"):
+        print(f"--isa avx2 did not take: the workers mapped {library}, their calls went over "
+              f"{doc['collectives']}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("case", choices=sorted([*CASES, *PROBES, *NIXL_CASES, *DP_CASES]))
@@ -237,24 +268,41 @@ def main() -> int:
                         help="a folder that does not exist yet")
     parser.add_argument("--no-validate", action="store_true",
                         help="only serve and profile; print validate's arguments")
+    parser.add_argument("--isa", choices=isa.ISAS, default="native",
+                        help="avx2: serve as an AVX2-only CPU would (vLLM loads _C_AVX2: no "
+                             "shared-memory communicator, every call over gloo); default: "
+                             "this CPU's own")
     args = parser.parse_args()
     if args.out.exists():
         print(f"--out {args.out} exists; name a new folder", file=sys.stderr)
         return 2
     if args.case in NIXL_CASES:
+        if args.isa != "native":
+            print(f"--isa {args.isa} serves the single-engine cases; {args.case} runs on "
+                  "this CPU's own kernel library: drop --isa", file=sys.stderr)
+            return 2
         return serve_nixl(args.case, args.out, not args.no_validate)
     if args.case in DP_CASES:  # vllm serve --data-parallel-size: vllm_cpu_dp.py
-        return serve_dp(args.case, args.out, not args.no_validate)
+        with tempfile.TemporaryDirectory(prefix="vllm-isa-") as site:
+            if args.isa == "avx2":  # the servers inherit the environment
+                isa.force_avx2(Path(site))
+            return serve_dp(args.case, args.out, not args.no_validate)
     case = {**CASES, **PROBES}[args.case]
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", case.bind)
     start = time.monotonic()
-    write_model(case.model, args.out / "model", case.config)
-    traces, limits = serve(case, args.out / "model", args.out)
+    with tempfile.TemporaryDirectory(prefix="vllm-isa-") as site:
+        cpu_avx512 = isa.cpu_has_avx512()  # before --isa avx2 hides it
+        if args.isa == "avx2":
+            isa.force_avx2(Path(site))
+        write_model(case.model, args.out / "model", case.config)
+        traces, limits = serve(case, args.out / "model", args.out)
     served = time.monotonic() - start
     doc: dict = {"case": args.case, "serve_s": round(served, 1), "workloads": {}}
-    status = 0
+    status = isa_record(doc, args.isa, cpu_avx512, limits.pop("kernel_library"),
+                        [t for files in traces.values() for t in files])
     for workload in case.workloads:
-        argv = validate_args(case, workload, args.out, traces[workload.name], limits)
+        argv = validate_args(case, workload, args.out, traces[workload.name], limits,
+                             doc["collectives"])
         entry = doc["workloads"][workload.name] = {"validate": argv}
         if not args.no_validate:
             # infercomm from this checkout: its patterns and readers import no third party
@@ -269,7 +317,8 @@ def main() -> int:
     doc["seconds"] = round(time.monotonic() - start, 1)
     (args.out / "oracle.json").write_text(json.dumps(doc, indent=1) + "\n")
     short = {"case": args.case, "out": str(args.out), "serve_s": doc["serve_s"],
-             "seconds": doc["seconds"]}
+             "seconds": doc["seconds"], "kernel_library": doc["kernel_library"],
+             "collectives": doc["collectives"]}
     if not args.no_validate:
         short["validate_exit"] = {k: v["exit"] for k, v in doc["workloads"].items()}
     print(json.dumps(short, separators=(",", ":")))

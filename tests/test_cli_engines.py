@@ -136,15 +136,16 @@ def test_engine_transport_line():
 # Tiny model (h 64, L 4, V 1000 -> 1024 padded, 4 heads), prompt 8, decode 3, TP2 or PP2.
 # Calls per inference on the busiest rank, by hand:
 #   vllm TP2: 1 + 2*4 = 9 all-reduces + 1 logits all-gather = 10 a step, 3 steps -> 30
-#   vllm PP2 (Model Runner V2): stage 1: 2 recvs a step, plus the 2 pp_broadcast calls on
-#     the prefill and on every decode step, the last included (pp_utils.py:35-49 @
-#     c8109375: 8 + 2 + 1 < 8 + 3) -> 2*3 + 2*3 = 12
+#   vllm PP2 (Model Runner V2): stage 1: the metadata's 2 gloo recvs (its size, then its
+#     pickled bytes: parallel_state.py:1148 @ c8109375) and 2 tensor recvs a step, plus the
+#     2 pp_broadcast calls on the prefill and on every decode step, the last included
+#     (pp_utils.py:35-49: 8 + 2 + 1 < 8 + 3) -> 4*3 + 2*3 = 18
 #   sglang TP2 --control-plane: 1 gloo size broadcast + 10 -> 11 a step -> 33
 #   trtllm PP2: stage 1: 2 whole-tensor recvs a step -> 6
 #   megatron TP2: 9 + 1 -> 30
 REPLAYS = [
     ("vllm", ["--tp", "2"], 30, "torch"),
-    ("vllm", ["--pp", "2"], 12, "torch"),
+    ("vllm", ["--pp", "2"], 18, "torch"),
     ("sglang", ["--tp", "2", "--control-plane"], 33, "torch"),
     ("trtllm", ["--pp", "2"], 6, "torch"),
     pytest.param("megatron", ["--tp", "2"], 30, "mpi", marks=needs_mpi),

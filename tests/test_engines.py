@@ -24,9 +24,23 @@ from patterns import (
 )
 from patterns.engines.sglang import profile as sglang
 
-FUSED, CUSTOM, NCCL = (Transport.FUSED_ALLREDUCE_RMSNORM, Transport.CUSTOM_ALLREDUCE,
-                       Transport.NCCL)
+FUSED, CUSTOM, NCCL, GLOO = (Transport.FUSED_ALLREDUCE_RMSNORM, Transport.CUSTOM_ALLREDUCE,
+                             Transport.NCCL, Transport.GLOO)
 MODELS = {"llama-3.1-8b": (32, 128256), "qwen3-8b": (36, 151936)}  # L, V (no 64-padding)
+
+
+def pp_metadata(op: str) -> Counter:
+    """vLLM's PP metadata a step, before the tensors (parallel_state.py:1051, 822-847 @
+    c8109375): send_object on the gloo CPU group, the pickled list's size as 1 int64, then its
+    188 bytes. [(hidden_states, TensorMetadata("cuda", torch.bfloat16, Size([T, 4096]))),
+    (residual, ...)], T = 104 or 1 (< 256: 2 bytes a dim; 4096: 3): PROTO 2 + FRAME 9 +
+    EMPTY_LIST 2 + MARK 1 + APPENDS 1 + STOP 1 = 16; the first entry: its key 2 + 13 + 1,
+    the class 53 (3 + 31, 3 + 14, 2), "cuda" 7, torch.bfloat16 21 (8 + 11 + 2), torch.Size
+    17 (8 + 7 + 2), the dims 2 + 3 + 2, then TUPLE1, REDUCE, TUPLE3, NEWOBJ, TUPLE2 with a
+    MEMOIZE each, 10: 131; the second: key 2 + 8 + 1, 3 BINGETs of 2, "cuda" 7, dims 7, 10:
+    41. 16 + 131 + 41 = 188."""
+    return Counter({(op, "pp", (1,), (1,), "int64", GLOO): 1,
+                    (op, "pp", (188,), (188,), "uint8", GLOO): 1})
 
 
 def steps(engine, model, tp=1, pp=1, prompt=100, decode=3, batch=1, **options):
@@ -80,11 +94,12 @@ def test_vllm_pp2_model_runner_v2(model):
                      ("broadcast", "pp_broadcast", (2, 1), (2, 1), "int32", NCCL): 1})
     stage0, stage1 = run_steps(p, 0), run_steps(p, 1)
     assert [(ph, rep) for ph, rep, _ in stage0] == [("prefill", 1), ("decode", 2)]
-    assert calls(stage0[0][2]) == Counter({("send", "pp", flat, flat, "bf16", NCCL): 2}) + bcast
-    assert calls(stage1[0][2]) == Counter({("recv", "pp", flat, flat, "bf16", NCCL): 2}) + bcast
+    send, recv = pp_metadata("send") + bcast, pp_metadata("recv") + bcast
+    assert calls(stage0[0][2]) == Counter({("send", "pp", flat, flat, "bf16", NCCL): 2}) + send
+    assert calls(stage1[0][2]) == Counter({("recv", "pp", flat, flat, "bf16", NCCL): 2}) + recv
     one = (4096,)
-    assert calls(stage0[1][2]) == Counter({("send", "pp", one, one, "bf16", NCCL): 2}) + bcast
-    assert calls(stage1[1][2]) == Counter({("recv", "pp", one, one, "bf16", NCCL): 2}) + bcast
+    assert calls(stage0[1][2]) == Counter({("send", "pp", one, one, "bf16", NCCL): 2}) + send
+    assert calls(stage1[1][2]) == Counter({("recv", "pp", one, one, "bf16", NCCL): 2}) + recv
     assert {op.root for op in stage0[0][2].ops if op.kind == "broadcast"} == {1}
     assert layers % 2 == 0  # 16/16 or 18/18 layers: nothing on the TP group at tp = 1
 
@@ -134,16 +149,21 @@ def test_vllm_tp2_pp2(model):
     assert c0[("allreduce", "tp", (104, 4096), (104, 4096), "bf16", FUSED)] == 1 + 2 * half - 1
     assert c0[("allreduce", "tp", (104, 4096), (104, 4096), "bf16", CUSTOM)] == 1
     assert c0[("send", "pp", sliced, sliced, "bf16", NCCL)] == 2
+    assert c0 & pp_metadata("send") == pp_metadata("send")
+    assert [op.tag for op in pre0.ops if op.kind == "send"] == [
+        "pp.metadata.size", "pp.metadata", "pp.hidden_states", "pp.residual"]
     unfused = [op.tag for op in pre0.ops if op.transport == CUSTOM]
     assert unfused == [f"layers.{half - 1}.mlp.down_proj"]
-    # Stage 1: 2 recvs, then a TP all-gather of each back to [T, h] (irecv_tensor_dict posts
-    # both irecvs first: parallel_state.py:1114-1198 @ c8109375), 2 per layer (no embedding),
-    # the logits all-gather.
+    # Stage 1: the metadata (recv_object, parallel_state.py:1148 @ c8109375), 2 recvs, then a
+    # TP all-gather of each back to [T, h] (irecv_tensor_dict posts both irecvs first:
+    # 1114-1198), 2 per layer (no embedding), the logits all-gather.
+    assert c1 & pp_metadata("recv") == pp_metadata("recv")
     assert c1[("recv", "pp", sliced, sliced, "bf16", NCCL)] == 2
     assert c1[("allgather", "tp", sliced, (104, 4096), "bf16", NCCL)] == 2
     assert c1[("allreduce", "tp", (104, 4096), (104, 4096), "bf16", FUSED)] == 2 * half
     assert c1[("allgather", "tp", (1, vocab // 2), (1, vocab), "bf16", NCCL)] == 1
-    assert [op.tag for op in pre1.ops[:4]] == ["pp.hidden_states", "pp.residual",
+    assert [op.tag for op in pre1.ops[:6]] == ["pp.metadata.size", "pp.metadata",
+                                               "pp.hidden_states", "pp.residual",
                                                "pp.hidden_states.allgather",
                                                "pp.residual.allgather"]
 

@@ -1,7 +1,9 @@
 """Pipeline stages: every tensor that crosses each step, in the engine's order, by hand.
 
 vLLM @ c8109375: `v1/worker/gpu_worker.py:1064-1105` (irecv_tensor_dict before the model,
-isend_tensor_dict after it), `distributed/parallel_state.py:1019-1198` (each tensor's TP slice
+isend_tensor_dict after it), `distributed/parallel_state.py:1019-1198` (the metadata first,
+`send_object` on gloo, 822-847: its pickled size as 1 int64, then the bytes; then each
+tensor's TP slice
 sent/received when tp divides it; every irecv posted first, the all-gathers in
 `comm_postprocess`, run by `AsyncIntermediateTensors.wait_for_comm`, gpu_worker.py:96-125),
 `v1/worker/gpu/pp_utils.py:35-50, 126-197` (Model Runner V2's sampled-token broadcasts on
@@ -27,15 +29,19 @@ def _step_ops(engine: str, stage: int, phase_index: int):
 
 def test_vllm_stage1_receives_both_slices_then_gathers():
     ops = _step_ops("vllm", 1, 0)  # prefill of 8 tokens on the last stage
+    # The metadata list pickled: 188 bytes for [8, 2048] bf16 on cuda (8 < 256 and 2048 <
+    # 65,536: the dims of Llama-3.1-8B's [104, 4096], tests/test_engines.py pp_metadata).
     # Slice of [8, 2048] over tp 2: 8 * 2048 / 2 = 8192 elements per rank.
-    head = [(op.kind, op.group, op.shape, op.tag) for op in ops[:4]]
+    head = [(op.kind, op.group, op.shape, op.tag) for op in ops[:6]]
     assert head == [
+        (OpKind.RECV, "pp", (1,), "pp.metadata.size"),
+        (OpKind.RECV, "pp", (188,), "pp.metadata"),
         (OpKind.RECV, "pp", (8192,), "pp.hidden_states"),
         (OpKind.RECV, "pp", (8192,), "pp.residual"),
         (OpKind.ALLGATHER, "tp", (8192,), "pp.hidden_states.allgather"),
         (OpKind.ALLGATHER, "tp", (8192,), "pp.residual.allgather"),
     ]
-    assert all(op.out_shape == (8, H) for op in ops[2:4])
+    assert all(op.out_shape == (8, H) for op in ops[4:6])
     # 16 layers split 8 + 8: 2 all-reduces a layer on stage 1, no embedding; then the
     # logits all-gather [1, 128256 / 2] and V2's two broadcasts from the last stage:
     # sampled tokens [1, 1] int64 and (num_sampled, num_rejected) [2, 1] int32.
@@ -55,7 +61,8 @@ def test_vllm_stage0_sends_slices_and_takes_the_broadcasts():
     # same 2 broadcasts as the last stage (every stage joins them).
     assert sum(op.kind == OpKind.ALLREDUCE for op in ops) == 1 + 2 * 8
     sends = [(op.shape, op.tag, op.peer) for op in ops if op.kind == OpKind.SEND]
-    assert sends == [((8192,), "pp.hidden_states", 1), ((8192,), "pp.residual", 1)]
+    assert sends == [((1,), "pp.metadata.size", 1), ((188,), "pp.metadata", 1),
+                     ((8192,), "pp.hidden_states", 1), ((8192,), "pp.residual", 1)]
     assert [op.tag for op in ops[-2:]] == ["pp_broadcast.sampled_tokens",
                                           "pp_broadcast.num_sampled_rejected"]
 

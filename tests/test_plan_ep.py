@@ -57,13 +57,14 @@ def test_plan_lists_dp_ep_layouts_beside_tp_pp(cli, tmp_path):
     dp2tp2 = rows[(2, 2, 1, True)]
     assert (dp2tp2["decode_step_us"], dp2tp2["e2e_us"]) == (910, 3640)
     # DP2 x PP2 x EP2: stage 0: DP all-reduce 10, 3 all-gathers 90 -> 100, reduce-scatter
-    # 40 -> 140, 2 sends (gap 1, latency 2: arrive 142, 143) -> 142, the pp broadcast 6 ->
-    # 148. Stage 1: DP all-reduce 10, recvs end max(11, 142) = 142 and max(143, 143) = 143,
-    # 3 all-gathers 233, reduce-scatter 273, broadcast 279. Each decode step begins once
-    # stage 1 is done: the same chain, 279 a step, 4 x 279 = 1116.
+    # 40 -> 140, 4 sends (vLLM's PP metadata, its size and its pickled bytes, then the 2
+    # tensors; gap 1, latency 2: arrive 142, 143, 144, 145) -> 144, the pp broadcast 6 ->
+    # 150. Stage 1: DP all-reduce 10, recvs end max(11, 142) = 142, 143, 144, 145, 3
+    # all-gathers 235, reduce-scatter 275, broadcast 281. Each decode step begins once
+    # stage 1 is done: the same chain, 281 a step, 4 x 281 = 1124.
     dp2pp2 = rows[(2, 1, 2, True)]
-    assert (dp2pp2["prefill_us"], dp2pp2["decode_step_us"], dp2pp2["e2e_us"]) == (279, 279,
-                                                                                 1116)
+    assert (dp2pp2["prefill_us"], dp2pp2["decode_step_us"], dp2pp2["e2e_us"]) == (281, 281,
+                                                                                 1124)
     assert any("runs on gloo (CPU) in the engine" in n for n in doc["notes"])
 
 

@@ -77,31 +77,34 @@ def test_memory_is_checked_by_default_from_the_gpu(cli, tmp_path):
 
 def test_an_op_the_sweep_lacks_is_priced_by_its_stand_in(cli, tmp_path):
     # vLLM V1's PP2 stages each broadcast the sampled tokens (an int64 [1, 1] and an int32
-    # [2, 1]: 8 B each) after the two sends of a step. FLAT has no broadcast: each is priced
-    # as the all-reduce of 8 B over 2 ranks, 10 us. Stage 0: sends at 0, 1 (gap 1, latency
-    # 4 / 2 = 2: arrive 2, 3), clock 2, broadcasts 12, 22. Stage 1: recvs at max(1, 2) = 2,
-    # max(3, 3) = 3, broadcasts 13, 23: prefill 23. Each of the 3 decode steps starts on
-    # stage 0 at the end of the last (the engine's order) and repeats the chain (under async
-    # scheduling, vLLM's default, the last step broadcasts too): 23 a step, 23 + 3 x 23 = 92.
+    # [2, 1]: 8 B each) after the four sends of a step (the PP metadata's size and pickled
+    # bytes, then the two tensors). FLAT has no broadcast: each is priced as the all-reduce
+    # of 8 B over 2 ranks, 10 us. Stage 0: sends at 0, 1, 2, 3 (gap 1, latency 4 / 2 = 2:
+    # arrive 2, 3, 4, 5), clock 4, broadcasts 14, 24. Stage 1: recvs at max(1, 2) = 2,
+    # max(3, 3) = 3, 4, 5, broadcasts 15, 25: prefill 25. Each of the 3 decode steps starts
+    # on stage 0 at the end of the last (the engine's order) and repeats the chain (under
+    # async scheduling, vLLM's default, the last step broadcasts too): 25 a step, 25 + 3 x
+    # 25 = 100.
     argv = ["--engine", "vllm", "--gpus", "2", "--gpus-per-node", "2", "--format", "json"]
     status, out, err = _plan(cli, tmp_path, *argv)
     assert status == 0, err
     doc = json.loads(out)
     pp2 = next(r for r in doc["layouts"] if (r["tp"], r["pp"]) == (1, 2))
-    assert (pp2["prefill_us"], pp2["decode_step_us"], pp2["e2e_us"]) == (23, 23, 92)
+    assert (pp2["prefill_us"], pp2["decode_step_us"], pp2["e2e_us"]) == (25, 25, 100)
     said = [n for n in doc["notes"] if "no broadcast" in n]
     assert said == ["the sweep has no broadcast: each is priced as the sweep's allreduce at "
                     "the same size and group (approximate; analysis/fits.py SUBSTITUTES); "
                     "sweep --op broadcast to measure it"]
     assert not doc["refused"]
-    # With a broadcast of 5 us in the sweep, the sweep's own: stage 0 2 + 10 = 12, stage 1
-    # 3 + 10 = 13; a step from 13: arrivals 15, 16, stage 1 ends 16 + 10 = 26: 13 a step.
+    # With a broadcast of 5 us in the sweep, the sweep's own: stage 0 4 + 10 = 14, stage 1
+    # 5 + 10 = 15; a step from 15: arrivals 17, 18, 19, 20, stage 1 ends 20 + 10 = 30: 15 a
+    # step.
     status, out, err = _plan(cli, tmp_path / "b", *argv,
                              lines={**FLAT, "broadcast": (5.0, 0.0)})
     assert status == 0, err
     doc = json.loads(out)
     pp2 = next(r for r in doc["layouts"] if (r["tp"], r["pp"]) == (1, 2))
-    assert (pp2["prefill_us"], pp2["decode_step_us"]) == (13, 13)
+    assert (pp2["prefill_us"], pp2["decode_step_us"]) == (15, 15)
     assert not [n for n in doc["notes"] if "no broadcast" in n]
 
 

@@ -11,6 +11,15 @@ Per step and rank, by hand (vLLM V1 at --eager, vllm/model_executor/models/llama
 qwen3_moe.py; layers/logits_processor.py): one all-reduce of [T, 128] after the embedding
 (vocabulary split over TP), one after each layer's attention and one after its MLP or MoE
 (2 + 2), then the logits all-gather of [R, 256 / tp] for the R requests of the step: 6 calls.
+
+Which kernel library the CPU build loads depends on the CPU (scripts/vllm_cpu_isa.py): on an
+AVX-512 CPU `_C` or `_C_AVX512`, whose shared-memory communicator carries every call
+(`_C::shm_*` in the trace, a pipeline stage's tensors sent whole); on an AVX2-only CPU
+`_C_AVX2`, and every call goes over gloo (`c10d::*`), a pipeline stage sending its metadata
+and TP slices as vLLM does on GPUs. Each test holds the rule of the path its engine took; on
+an AVX-512 CPU the pipeline cases are also served as an AVX2-only CPU would serve them
+(`--isa avx2`), so both pipeline rules are judged on every machine. The suite's last lines
+say which library and collectives each served case met.
 """
 
 import ast
@@ -58,21 +67,58 @@ pytestmark = [pytest.mark.skipif(WHY_NOT is not None, reason=f"vLLM CPU: {WHY_NO
               pytest.mark.timeout(600)]
 
 
-@pytest.fixture(scope="session")
-def served(tmp_path_factory: pytest.TempPathFactory):
-    """{case: the script's oracle.json}, each case served once a session when first asked."""
-    made: dict[str, dict] = {}
+class _Met:
+    """What the served cases met, said at the end of the run (pytest's terminal summary)."""
 
-    def get(case: str) -> dict:
-        if case not in made:
-            out = tmp_path_factory.mktemp(case) / "out"
+    def __init__(self) -> None:
+        self.seen: dict[tuple[str, str, str], list[str]] = {}
+
+    def add(self, case: str, doc: dict) -> None:
+        how = ("on this CPU (no AVX-512)" if not doc["cpu_avx512"] else
+               "as an AVX2-only CPU (--isa avx2)" if doc["isa"] == "avx2" else
+               "on this CPU (AVX-512)")
+        key = (how, str(doc["kernel_library"]), doc["collectives"])
+        self.seen.setdefault(key, []).append(case)
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        for (how, library, collectives), cases in self.seen.items():
+            terminalreporter.write_line(
+                f"vLLM CPU build {how}: kernel library {library}, collectives over "
+                f"{collectives}: {', '.join(cases)}")
+
+
+@pytest.fixture(scope="session")
+def served(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest):
+    """{(case, isa): the script's oracle.json}, each served once a session when first
+    asked. isa "avx2" on a CPU without AVX-512 is the case served natively (the same
+    library, `_C_AVX2`): one engine start, not two."""
+    made: dict[tuple[str, str], dict] = {}
+    met = _Met()
+    request.config.pluginmanager.register(met, "vllm-cpu-kernel-library")
+
+    def get(case: str, isa: str = "native") -> dict:
+        other = made.get((case, "native" if isa == "avx2" else "avx2"))
+        if (case, isa) not in made and other is not None and not other["cpu_avx512"]:
+            made[(case, isa)] = other
+        if (case, isa) not in made:
+            out = tmp_path_factory.mktemp(f"{case}-{isa}") / "out"
             proc = subprocess.run([str(VLLM_PY), str(SCRIPT), case, "--out", str(out),
-                                   "--no-validate"], cwd=REPO, capture_output=True, text=True,
-                                  timeout=420, env={**os.environ, "PYTHONPATH": ""})
+                                   "--no-validate", "--isa", isa], cwd=REPO,
+                                  capture_output=True, text=True, timeout=420,
+                                  env={**os.environ, "PYTHONPATH": ""})
             assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-            made[case] = json.loads((out / "oracle.json").read_text())
-        return made[case]
+            made[(case, isa)] = json.loads((out / "oracle.json").read_text())
+            if "kernel_library" in made[(case, isa)]:  # a NIXL pair records its READs
+                met.add(case, made[(case, isa)])
+        return made[(case, isa)]
     return get
+
+
+def _shm(doc: dict) -> bool:
+    """Whether the engine's calls went through vLLM's shared-memory communicator (an
+    AVX-512 kernel library) rather than gloo; held against the library the workers mapped."""
+    assert (doc["kernel_library"] != "_C_AVX2") == (doc["collectives"] == "shm"), doc
+    return doc["collectives"] == "shm"
 
 
 def _validate(argv: list[str], *extra: str) -> subprocess.CompletedProcess:
@@ -171,20 +217,44 @@ def test_async_scheduling_is_not_what_the_cpu_build_ran(served) -> None:
             "the trace has allreduce 1280 x fp32 (group of 2)") in out  # 10 x 128
 
 
-def test_an_altered_call_of_a_real_trace_is_named(served, tmp_path: Path) -> None:
-    doc = served("dense-tp2")
+def _narrowed(dims: list, old: list[int], new: list[int]) -> bool:
+    """Replace the first `old` shape in an event's nested Input Dims by `new`: [[], [T, H]]
+    for vLLM's shm all-reduce (the first argument its handle), [[[T, H]], ...] for gloo's."""
+    for i, item in enumerate(dims):
+        if item == old:
+            dims[i] = new
+            return True
+        if isinstance(item, list) and _narrowed(item, old, new):
+            return True
+    return False
+
+
+@pytest.mark.parametrize("case, isa", [("dense-tp2", "native"), ("dense-pp2-tp2", "avx2")])
+def test_an_altered_call_of_a_real_trace_is_named(served, tmp_path: Path, case: str,
+                                                   isa: str) -> None:
+    """Layer 0's MLP all-reduce of rank 0, [5, 128] halved: the third all-reduce of the
+    prefill at TP2 and on PP2 x TP2's first stage alike (the embedding's, layer 0's
+    attention's, its MLP's). The shm trace (AVX-512) names its group's size, gloo's not."""
+    doc = served(case, isa)
     argv = doc["workloads"]["one-request"]["validate"]
     files = argv[argv.index("--trace") + 1:argv.index("--model")]
     trace = json.loads(gzip.decompress(Path(files[0]).read_bytes()))
-    allreduces = [e for e in trace["traceEvents"] if e.get("name") == "_C::shm_allreduce"]
-    allreduces[2]["args"]["Input Dims"] = [[], [5, 64]]  # layer 0's MLP all-reduce, halved
+    # gloo's c10d op records a TensorList; its dtype is read from gloo's own event of the
+    # same call (patterns/traces/kineto.py), narrowed with it
+    names = ("_C::shm_allreduce",) if _shm(doc) else ("c10d::allreduce_", "gloo:all_reduce")
+    for name in names:
+        allreduces = sorted((e for e in trace["traceEvents"] if e.get("name") == name),
+                            key=lambda e: e["ts"])
+        assert _narrowed(allreduces[2]["args"]["Input Dims"], [5, 128], [5, 64])
     altered = tmp_path / Path(files[0]).name
     altered.write_bytes(gzip.compress(json.dumps(trace).encode()))
     at = argv.index("--trace") + 1
     out = _invalid([*argv[:at], str(altered), *files[1:], *argv[at + len(files):]])
+    # a gloo trace of more ranks than the group's names no group size
+    group = "2" if _shm(doc) or len(files) == 2 else "?"
     assert _summary(out)["first_difference"] == (
         "rank 0: call 2 (prefill step 0, op 2 of the step) differs: the trace has allreduce "
-        "320 x fp32 (group of 2), the pattern has allreduce 640 x fp32 (group of 2) "
+        f"320 x fp32 (group of {group}), the pattern has allreduce 640 x fp32 (group of 2) "
         "[layers.0.mlp.down_proj]")
 
 
@@ -204,58 +274,181 @@ def test_dense_tp4_oversubscribed(served) -> None:
 
 
 
-def test_dense_pp2(served) -> None:
-    out = _valid(served("dense-pp2"), "one-request")
-    # tp 1: no collective; per step stage 0 sends hidden states and residual of [T, 128]
-    # (one shm tensor list, read as one send a tensor), stage 1 receives them: prefill
-    # 2 x 640, decode 2 x 2 x 128; 6 calls a rank
-    assert _summary(out)["calls"] == 2 * 6
+ISAS = pytest.mark.parametrize("isa", ["native", "avx2"])
+# vLLM's PP metadata, pickled, on the CPU (patterns/engines/vllm/pp_transfer.py works it
+# out; parallel_state.py:822-847, 1051 @ c8109375): [(hidden_states, TensorMetadata("cpu",
+# torch.float32, Size([T, 128]))), (residual, ...)]: 183 bytes where T < 256, 185 where
+# 256 <= T < 65,536 (each of the 2 tensors' T takes 3 bytes, not 2)
+META, META_LONG = 183, 185
+
+
+@ISAS
+def test_dense_pp2(served, isa: str) -> None:
+    doc = served("dense-pp2", isa)
+    out = _valid(doc, "one-request")
     rows = _rows(out)
-    assert ["0", "prefill", "send", "640", "unknown", "2", "2", "2", "equal"] in rows
-    assert ["1", "decode", "recv", "128", "unknown", "2", "4", "4", "equal"] in rows
+    if _shm(doc):
+        # tp 1: no collective; per step stage 0 sends hidden states and residual of [T, 128]
+        # (one shm tensor list, read as one send a tensor), stage 1 receives them: prefill
+        # 2 x 640, decode 2 x 2 x 128; 6 calls a rank
+        assert _summary(out)["calls"] == 2 * 6
+        assert ["0", "prefill", "send", "640", "unknown", "2", "2", "2", "equal"] in rows
+        assert ["1", "decode", "recv", "128", "unknown", "2", "4", "4", "equal"] in rows
+        return
+    # gloo (_C_AVX2): per step the metadata's size (1 int64) and its 183 pickled bytes, then
+    # the 2 tensors, flat (the 1/tp "slice" at tp 1 is the whole): 4 calls a step, 3 steps
+    # (a trace of 2 ranks: every group is the world of 2)
+    assert _summary(out)["calls"] == 2 * 4 * 3
+    assert ["0", "prefill", "send", "640", "fp32", "2", "2", "2", "equal"] in rows
+    assert ["0", "decode", "send", "1", "int64", "2", "2", "2", "equal"] in rows
+    assert ["1", "decode", "recv", str(META), "uint8", "2", "2", "2", "equal"] in rows
+    assert ["1", "decode", "recv", "128", "fp32", "2", "4", "4", "equal"] in rows
 
 
-def test_dense_pp2_batch_queue(served) -> None:
+@ISAS
+def test_dense_pp2_batch_queue(served, isa: str) -> None:
     """Two batches in flight at pp 2 (vllm-cpu 0.32.0 config/vllm.py:577-590, v1/engine/
     core.py:698-786): A (3, 5) and B (40, 2), budget 16: 3 + 13; B's next 16 alone (A
     waits for its token); A 1 + B's last 11; 1 + 1; 1; 1 (patterns/engines/vllm/
     pp_scheduler.py; tests/test_workload_pp.py has the batches one by one). The
     synchronous scheduler's 1 + 15 and 1 + 12 would be sends of 2,048 and 1,664."""
-    out = _valid(served("dense-pp2"), "overlap")
+    doc = served("dense-pp2", isa)
+    out = _valid(doc, "overlap")
     rows = _rows(out)
+    dtype = "unknown" if _shm(doc) else "fp32"  # a shm tensor list records no dtype
     # stage 0's sends, hidden states and residual: 2 steps of 16 x 128, one of 12 x 128
-    assert ["0", "prefill", "send", "2,048", "unknown", "2", "4", "4", "equal"] in rows
-    assert ["0", "prefill", "send", "1,536", "unknown", "2", "2", "2", "equal"] in rows
-    assert ["1", "decode", "recv", "128", "unknown", "2", "4", "4", "equal"] in rows
-    assert _summary(out)["calls"] == 2 * 2 * 6  # 6 steps, 2 tensors, a send and a recv
+    assert ["0", "prefill", "send", "2,048", dtype, "2", "4", "4", "equal"] in rows
+    assert ["0", "prefill", "send", "1,536", dtype, "2", "2", "2", "equal"] in rows
+    assert ["1", "decode", "recv", "128", dtype, "2", "4", "4", "equal"] in rows
+    if _shm(doc):
+        assert _summary(out)["calls"] == 2 * 2 * 6  # 6 steps, 2 tensors, a send and a recv
+    else:  # and the metadata before them, 183 bytes in every step (T <= 16)
+        assert ["0", "prefill", "send", str(META), "uint8", "2", "3", "3", "equal"] in rows
+        assert _summary(out)["calls"] == 2 * 4 * 6
 
 
-def test_dense_pp2_tp2_sends_whole_tensors(served) -> None:
-    """PP2 x TP2, 4 workers on 2 cores, prompt 5, output 3. vLLM's CPU build sends a
-    stage's hidden states and residual whole, [T, 128], through its shm tensor-dict path
-    (vllm-cpu 0.32.0 parallel_state.py:574-578, 1186-1192), and the next stage gathers
-    nothing: validated with --pp-whole-tensors. A rank a step: stage 0 the embedding's and
-    layer 0's 2 all-reduces and 2 sends; stage 1 2 receives, layer 1's 2 all-reduces and
-    the logits all-gather of [1, 128]: 5 calls, 3 steps, 4 ranks."""
-    doc = served("dense-pp2-tp2")
+@ISAS
+def test_dense_pp2_tp2_hand_over(served, isa: str) -> None:
+    """PP2 x TP2, 4 workers on 2 cores, prompt 5, output 3. With its shared-memory
+    communicator vLLM's CPU build sends a stage's hidden states and residual whole,
+    [T, 128], through its shm tensor-dict path (vllm-cpu 0.32.0 parallel_state.py:574-578,
+    1186-1192), and the next stage gathers nothing: validated with --pp-whole-tensors. A
+    rank a step: stage 0 the embedding's and layer 0's 2 all-reduces and 2 sends; stage 1 2
+    receives, layer 1's 2 all-reduces and the logits all-gather of [1, 128]: 5 calls, 3
+    steps, 4 ranks. Without it (_C_AVX2) the path of vLLM on GPUs (parallel_state.py:
+    1019-1198 @ c8109375): the metadata (2 calls), each TP rank's half of each tensor, 320
+    in the prefill, and on stage 1 an all-gather of each after the receives: 7 calls a
+    step on stage 0 (3 + 2 + 2), 9 on stage 1 (2 + 2 + 2 + 2 + 1)."""
+    doc = served("dense-pp2-tp2", isa)
     out = _valid(doc, "one-request")
-    assert _summary(out)["calls"] == 4 * 5 * 3
     rows = _rows(out)
-    # a trace of 4 ranks in 2 x 2 groups names no group size on these calls ("?")
-    assert ["0", "prefill", "send", "640", "unknown", "?", "2", "2", "equal"] in rows  # 5x128
-    assert ["3", "decode", "recv", "128", "unknown", "?", "4", "4", "equal"] in rows
-    assert ["3", "decode", "allgather", "128", "fp32", "2", "2", "2", "equal"] in rows
     # steps are counted on the last stage, the one that gathers logits: stage 0's ranks
-    # (no gather) once printed "the trace 0 ..., the pattern 3" beside it
+    # (no gather) once printed "the trace 0 ..., the pattern 3" beside it. A first
+    # difference names a pipeline peer's stage, 1, and its world rank: rank 0's at TP2 is
+    # 0 + 2 x 1 = 2.
     assert ("steps (a step ends at the logits gather): the trace 3 from the inference's "
             "start, the pattern 3\n") in out
-    # vLLM on GPUs sends each TP rank's half, 320, and all-gathers it after the receive
-    argv = [a for a in doc["workloads"]["one-request"]["validate"] if a != "--pp-whole-tensors"]
-    out = _invalid(argv)
+    argv = doc["workloads"]["one-request"]["validate"]
+    if _shm(doc):
+        assert _summary(out)["calls"] == 4 * 5 * 3
+        # a trace of 4 ranks in 2 x 2 groups names no group size on these calls ("?")
+        assert ["0", "prefill", "send", "640", "unknown", "?", "2", "2", "equal"] in rows
+        assert ["3", "decode", "recv", "128", "unknown", "?", "4", "4", "equal"] in rows
+        assert ["3", "decode", "allgather", "128", "fp32", "2", "2", "2", "equal"] in rows
+        # vLLM on GPUs sends the metadata first, then each TP rank's half, 320, and
+        # all-gathers it after the receive
+        out = _invalid([a for a in argv if a != "--pp-whole-tensors"])
+        assert _summary(out)["first_difference"] == (
+            "rank 0: call 3 (prefill step 0, op 3 of the step) differs: the trace has send "
+            "640 x unknown (group of ? peer 1), the pattern has send 1 x int64 (group of 2 "
+            "peer 1) [pp.metadata.size, world rank 2]")
+        return
+    assert _summary(out)["calls"] == 2 * 7 * 3 + 2 * 9 * 3
+    assert ["0", "prefill", "send", "320", "fp32", "?", "2", "2", "equal"] in rows  # 640 / 2
+    assert ["0", "prefill", "send", str(META), "uint8", "?", "1", "1", "equal"] in rows
+    assert ["3", "prefill", "allgather", "320", "fp32", "2", "2", "2", "equal"] in rows
+    assert ["3", "decode", "recv", "64", "fp32", "?", "4", "4", "equal"] in rows  # 128 / 2
+    assert ["3", "decode", "allgather", "64", "fp32", "2", "4", "4", "equal"] in rows
+    # the CPU build's whole tensors are not what this engine sent
+    at = argv.index("--tensor-device")
+    out = _invalid([*argv[:at], *argv[at + 2:], "--pp-whole-tensors"])
     assert _summary(out)["first_difference"] == (
-        "rank 0: call 3 (prefill step 0, op 3 of the step) differs: the trace has send 640 x "
-        "unknown (group of ? peer 1), the pattern has send 320 x fp32 (group of 2 peer 1) "
-        "[pp.hidden_states]")
+        "rank 0: call 3 (prefill step 0, op 3 of the step) differs: the trace has send 1 x "
+        "int64 (group of ? peer 1), the pattern has send 640 x fp32 (group of 2 peer 1) "
+        "[pp.hidden_states, world rank 2]")
+
+
+@ISAS
+def test_dense_pp2_tp2_long_prompt(served, isa: str) -> None:
+    """A 300-token prompt in one step (the CPU build's budget, 4096), output 2: a prefill
+    of [300, 128] and a decode step. Through gloo (_C_AVX2) the prefill's metadata holds
+    T = 300, which pickles in 3 bytes, not 2: 185 bytes, then 183 in the decode step; each
+    TP rank sends 300 x 128 / 2 = 19,200 of each tensor. Through shm: [300, 128] whole."""
+    doc = served("dense-pp2-tp2", isa)
+    out = _valid(doc, "long-prompt")
+    rows = _rows(out)
+    if _shm(doc):
+        assert ["0", "prefill", "send", "38,400", "unknown", "?", "2", "2", "equal"] in rows
+        assert _summary(out)["calls"] == 4 * 5 * 2
+        return
+    assert ["0", "prefill", "send", str(META_LONG), "uint8", "?", "1", "1", "equal"] in rows
+    assert ["2", "prefill", "recv", str(META_LONG), "uint8", "?", "1", "1", "equal"] in rows
+    assert ["1", "decode", "send", str(META), "uint8", "?", "1", "1", "equal"] in rows
+    assert ["3", "prefill", "recv", "19,200", "fp32", "?", "2", "2", "equal"] in rows
+    assert _summary(out)["calls"] == 2 * 7 * 2 + 2 * 9 * 2
+    # the pattern of vLLM on GPUs: the metadata names "cuda", 2 bytes longer; validate says so
+    argv = doc["workloads"]["long-prompt"]["validate"]
+    at = argv.index("--tensor-device")
+    out = _invalid([*argv[:at], *argv[at + 2:]])
+    assert _summary(out)["first_difference"] == (
+        "rank 0: call 4 (prefill step 0, op 4 of the step) differs: the trace has send 185 x "
+        "uint8 (group of ? peer 1), the pattern has send 187 x uint8 (group of 2 peer 1) "
+        "[pp.metadata, world rank 2]")
+    assert ("note: the pickled pipeline metadata is 183 or 185 bytes in the trace, 185 or "
+            "187 in the pattern: it names the tensors' device type (--tensor-device cuda "
+            "here; --tensor-device cpu?), dtype and shape") in out
+
+
+@ISAS
+def test_validate_names_the_pipeline_path_it_saw(served, isa: str) -> None:
+    """The PP2 trace held against the other path's rule: validate's note names the path the
+    trace shows, and says nothing of CUDA graphs (the pipeline's calls shift every later
+    call of the window, which once read as all-reduces hidden by CUDA graphs)."""
+    doc = served("dense-pp2-tp2", isa)
+    argv = doc["workloads"]["one-request"]["validate"]
+    if _shm(doc):
+        out = _invalid([a for a in argv if a != "--pp-whole-tensors"])
+        assert ("note: the trace sends no pipeline metadata: vLLM's CPU build with its "
+                "shared-memory communicator (_C or _C_AVX512, on AVX-512 CPUs) sends a "
+                "stage's tensors whole in one shared-memory list; add --pp-whole-tensors"
+                ) in out
+    else:
+        at = argv.index("--tensor-device")
+        out = _invalid([*argv[:at], *argv[at + 2:], "--pp-whole-tensors"])
+        assert ("note: the trace sends vLLM's pipeline metadata before each step's tensors "
+                "(send_object on gloo: an int64, then 183 pickled bytes): the path vLLM "
+                "takes on GPUs, and its CPU build without the shared-memory communicator "
+                "(_C_AVX2, on CPUs without AVX-512); drop --pp-whole-tensors") in out
+    assert "CUDA graph" not in out
+
+
+@pytest.mark.parametrize("case, isa", [("dense-tp2", "native"), ("dense-pp2", "avx2"),
+                                       ("dense-pp2-tp2", "avx2")])
+def test_the_kernel_library_and_collectives_are_recorded(served, case: str, isa: str) -> None:
+    """oracle.json says which library the workers mapped (/proc/PID/maps) and how their
+    calls went (the traces' op names); --isa avx2 takes _C_AVX2 on any x86 CPU, whose
+    calls are gloo's (vllm-cpu 0.32.0 platforms/cpu.py:631-661, cpu_communicator.py:41).
+    dense-pp2 under gloo: one-request 3 steps, overlap 6, 4 sends (and 4 receives) a
+    step: 36 of each; no collective at tp 1."""
+    doc = served(case, isa)
+    assert doc["isa"] == isa or not doc["cpu_avx512"]  # no AVX-512: one run serves both
+    if isa == "avx2" or not doc["cpu_avx512"]:
+        assert (doc["kernel_library"], doc["collectives"]) == ("_C_AVX2", "gloo")
+        assert not any(op.startswith("_C::shm_") for op in doc["collective_ops"])
+    else:
+        assert doc["kernel_library"] in ("_C", "_C_AVX512") and doc["collectives"] == "shm"
+    if case == "dense-pp2" and not _shm(doc):
+        assert doc["collective_ops"] == {"c10d::recv_": 36, "c10d::send": 36}
 
 
 def test_ngram_speculation_tp2(served) -> None:

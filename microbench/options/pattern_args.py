@@ -7,7 +7,7 @@ from microbench.argtypes import UsageError, model_arg, model_name, positive_int,
 from patterns import ENGINES, EngineOptions, Layout, Pattern, Workload, generate, resolve_model
 from patterns.engines import DEFAULT_ENGINE
 from patterns.moe import A2A_MODES, check_a2a
-from patterns.pattern import GPUS, MODEL_RUNNERS, MOE_BACKENDS
+from patterns.pattern import GPUS, MODEL_RUNNERS, MOE_BACKENDS, TENSOR_DEVICES
 
 
 def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True,
@@ -68,7 +68,13 @@ def add_pattern_arguments(parser: argparse.ArgumentParser, required: bool = True
     group.add_argument("--pp-whole-tensors", action="store_true",
                        help="vllm at pp > 1: each stage sends its hidden states and residual "
                             "whole, [T, h], with no TP all-gather after the receive, as vLLM's "
-                            "CPU build does (on GPUs each TP rank sends a 1/tp slice)")
+                            "CPU build does with its shared-memory communicator (AVX-512 "
+                            "CPUs); on GPUs (and the CPU build on AVX2-only CPUs) the metadata "
+                            "goes first and each TP rank sends a 1/tp slice")
+    group.add_argument("--tensor-device", choices=TENSOR_DEVICES, default="cuda",
+                       help="vllm: the device type of the engine's tensors, which the "
+                            "pipeline's pickled metadata names (default cuda; cpu: vLLM's CPU "
+                            "build, 2 bytes fewer a send)")
     group.add_argument("--moe-backend", choices=MOE_BACKENDS, default=None,
                        help="vllm: the MoE experts' kernel, vLLM's --moe-backend. mxfp4 "
                             "(gpt-oss): sets whether the MoE all-reduce carries the padded "
@@ -174,6 +180,7 @@ def options_from_args(args: argparse.Namespace) -> EngineOptions:
                          disable_overlap_schedule=getattr(args, "disable_overlap_schedule",
                                                           False),
                          pp_whole_tensors=getattr(args, "pp_whole_tensors", False),
+                         tensor_device=getattr(args, "tensor_device", "cuda"),
                          prefix_caching=getattr(args, "prefix_caching", None),
                          wave_tail=getattr(args, "wave_tail", True),
                          kv_block_size=(getattr(args, "kv_block_size", None)

