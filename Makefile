@@ -133,7 +133,8 @@ test: lint setup-engine setup-megatron setup-rdma-libs
 QUICK_SKIP ?= test_op_streaming test_predict_replay test_moe_replay_cli test_launcher test_watchdog \
 	test_real_engine_hf test_real_engine_vllm test_real_engine_hybrid test_real_engine_megatron \
 	test_traces_kineto test_replay \
-	test_disagg_replay test_mooncake_replay
+	test_disagg_replay test_mooncake_replay \
+	test_battery_signals
 test-quick: lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slurm and not mpi and not gpu" \
 	  $(foreach f,$(QUICK_SKIP),--ignore=tests/$(f).py)

@@ -2,6 +2,10 @@
 
 import sys
 
-from microbench.cli import main
+from microbench.ranks.rank_stop import at_start
+
+at_start()  # a rank of a --nproc launcher ends by a stop signal from here on
+
+from microbench.cli import main  # noqa: E402
 
 sys.exit(main())

@@ -57,6 +57,15 @@ def positive_int_list(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
+def rank_list(text: str) -> tuple[int, ...]:
+    """A comma-separated list of ranks: 0 or 0,1,3."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() and len(p) <= MAX_DIGITS for p in parts):
+        raise argparse.ArgumentTypeError(
+            f"{shown(text, 40)!r} is not a comma-separated list of ranks, e.g. 0 or 0,1")
+    return tuple(int(p) for p in parts)
+
+
 def positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -108,10 +117,43 @@ def model_name(text: str) -> str:
 
 
 def run_label(text: str) -> str:
+    """--label: it names the run's folder and is printed, so it is one printable line and
+    names no other folder ('/', '..')."""
     if not text.strip():
         raise argparse.ArgumentTypeError("an empty label names nothing; pass a few words such "
                                          "as nccl-2.27 or drop --label")
     if len(text) > MAX_LABEL_CHARS:
         raise argparse.ArgumentTypeError(f"a label of {len(text):,} characters; use at most "
                                          f"{MAX_LABEL_CHARS} (it names the run's folder)")
+    if not text.isprintable() or "/" in text or "\\" in text or ".." in text:
+        raise argparse.ArgumentTypeError(f"'{shown(text, 40)}': a label names the run's folder: "
+                                         "printable characters without '/', '\\' or '..' (e.g. "
+                                         "nccl-2.27)")
+    return text
+
+
+# Longer than any path a system takes (PATH_MAX), or a part of it than any file name (NAME_MAX):
+# neither a preset's name nor a config's path.
+MAX_MODEL_CHARS = 4096
+MAX_NAME_BYTES = 255
+
+
+def model_arg(text: str) -> str:
+    """--model: a preset's name or a config.json's path, checked before either is looked up
+    (a name of 300 or 100,000 characters was the file system's traceback, or printed back)."""
+    if (len(text) > MAX_MODEL_CHARS or "\0" in text
+            or any(len(part.encode(errors="replace")) > MAX_NAME_BYTES
+                   for part in text.split("/"))):
+        raise argparse.ArgumentTypeError(
+            f"'{shown(text, 40)}' ({len(text):,} characters) is neither a preset name nor a "
+            f"path of a config.json (at most {MAX_MODEL_CHARS:,} characters, {MAX_NAME_BYTES} "
+            "a part); see infercomm models")
+    return text
+
+
+def commit_text(text: str) -> str:
+    """An engine commit (--connector-version): a git hash or a short form of one."""
+    if not re.fullmatch(r"[0-9A-Za-z._-]{1,64}", text):
+        raise argparse.ArgumentTypeError(f"'{shown(text, 40)}' ({len(text):,} characters) is no "
+                                         "commit; give an engine commit such as c8109375")
     return text

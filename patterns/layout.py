@@ -72,11 +72,11 @@ class Layout:
 
     def check_world_size(self, world_size: int) -> None:
         if world_size != self.world_size:
-            factors = f"tp({self.tp}) x pp({self.pp})"
-            if self.dp > 1:
-                factors = f"dp({self.dp}) x {factors}"
+            # dp named even at 1: with --ep and no --dp the message left out the option to add
+            factors = f"dp({self.dp}) x tp({self.tp}) x pp({self.pp})"
             raise ConfigError(f"world size {world_size} does not match the layout: {factors} "
-                              f"= {self.world_size} ranks are needed")
+                              f"= {self.world_size} ranks are needed; give --dp, --tp and --pp "
+                              f"whose product is {world_size}")
 
     def stage_of(self, rank: int) -> int:
         return rank // self.tp % self.pp

@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's microbench
 from microbench.argtypes import OneLineParser
 from microbench.ranks.children import Stopped, run_child
+from microbench.results.atomic import missing_folders, remove_made, unwritable
 from patterns.errors import shown
 
 
@@ -79,7 +80,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if args.command[0] not in ("replay", "sweep"):
         parser.error(f"interleave runs replay or sweep, which write run folders to compare; "
                      f"not {shown(args.command[0], 40)!r}")
-    try:  # an --out no run can write to is one line here, not a failed first run
+    # an --out no run can write to (read-only, full) is one line here, and nothing is made
+    reason = unwritable(Path(args.out))
+    if reason is not None:
+        parser.error(f"--out {shown(args.out, 60)!r} cannot be created or written: {reason}; "
+                     "pass a writable folder")
+    args.made = missing_folders(Path(args.out))  # removed again if no run is kept
+    try:
         Path(args.out).mkdir(parents=True, exist_ok=True)
     except OSError as err:
         parser.error(f"--out {shown(args.out, 60)!r} cannot be created ({err.strerror}); pass "
@@ -142,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         what = (f"{ended.how}; ended the run in progress" if isinstance(ended, Stopped)
                 else f"{ended}; stopping")
         kept = ", ".join(folder for _, folder in schedule) or "none"
+        if not schedule and args.made:  # nothing kept: the --out this made goes (a rerun)
+            remove_made([], [out / "a", out / "b", *args.made])
         sys.stderr.write(f"interleave: {what}; runs kept: {kept}\n")
         status = 128 + ended.signum if isinstance(ended, Stopped) else ended.status
         print(json.dumps({"schedule": [label for label, _ in schedule], "a": sides["a"],

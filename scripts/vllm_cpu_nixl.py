@@ -231,8 +231,28 @@ def engine(model: str, role: str, tp: int, prompt: int, decode: int, out: Path) 
     llm.llm_engine.engine_core.shutdown()
 
 
+def engine_main() -> int:
+    """This file as a script: one engine of the pair, as run_pair starts it."""
+    import argparse
+    parser = argparse.ArgumentParser(description="one engine of the disaggregated pair "
+                                     "(started by run_pair; see vllm_cpu_oracle.py nixl-*)")
+    parser.add_argument("model", help="the model's folder")
+    parser.add_argument("out", type=Path, help="the pair's folder (it exists)")
+    parser.add_argument("prompt", type=int)
+    parser.add_argument("decode", type=int)
+    parser.add_argument("role", choices=("prefill", "decode"))
+    parser.add_argument("tp", type=int)
+    args = parser.parse_args()
+    if not args.out.is_dir():
+        parser.error(f"{args.out} is not a folder; the pair's folder exists before its engines")
+    if min(args.prompt, args.decode, args.tp) < 1:
+        parser.error("prompt, decode and tp are positive integers")
+    engine(args.model, args.role, args.tp, args.prompt, args.decode, args.out)
+    return 0
+
+
 if __name__ == "__main__":
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    model_arg, out_arg, prompt_arg, decode_arg, role_arg, tp_arg = sys.argv[1:7]
-    engine(model_arg, role_arg, int(tp_arg), int(prompt_arg), int(decode_arg), Path(out_arg))
+    import script_guard  # beside this script: one-line errors
+    sys.exit(script_guard.run(engine_main, "vllm_cpu_nixl", needs=("vllm",), out_flag=None))

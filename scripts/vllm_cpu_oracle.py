@@ -328,4 +328,6 @@ def main() -> int:
 if __name__ == "__main__":
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    sys.exit(main())
+    import script_guard  # beside this script: one-line errors, no half-made --out
+    sys.exit(script_guard.run(main, "vllm_cpu_oracle",
+                              needs=("vllm", "torch", "transformers", "safetensors")))

@@ -116,7 +116,8 @@ def test_wrong_world_size_is_refused_on_every_rank(tmp_path, backend):
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 3  # one line from each of the 3 ranks
     assert all(ln == "infercomm replay: error: world size 3 does not match the layout: "
-                      "tp(2) x pp(1) = 2 ranks are needed" for ln in lines)
+                      "dp(1) x tp(2) x pp(1) = 2 ranks are needed; give --dp, --tp and --pp "
+                      "whose product is 3" for ln in lines)
     assert not list(tmp_path.glob("2*"))
 
 
@@ -126,7 +127,8 @@ def test_nproc_mismatch_refused_before_starting(tmp_path):
                                      "--nproc", "3"))
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip() == ("infercomm replay: error: world size 3 does not match the "
-                                   "layout: tp(2) x pp(2) = 4 ranks are needed")
+                                   "layout: dp(1) x tp(2) x pp(2) = 4 ranks are needed; give "
+                                   "--dp, --tp and --pp whose product is 3")
     assert not (tmp_path / "res").exists()
 
 

@@ -147,7 +147,7 @@ def test_validate_matches_the_vllm_v1_trace() -> None:
                        str(REAL / "vllm_gptoss120b_tp8_b200_prefill888_rank0.json.gz"),
                        "--model", "gpt-oss-120b", "--tp", "8", "--prompt", "888", "--decode",
                        "1", "--gpu", "b200", "--eager", "--moe-backend",
-                       "flashinfer-trtllm-padded")
+                       "flashinfer-trtllm-padded", "--ranks", "0")  # rank 0 of eight
     assert out.returncode == 0, out.stdout + out.stderr
     doc = json.loads(out.stdout.strip().splitlines()[-1])
     assert doc["match"] is True and doc["calls"] == 74

@@ -144,8 +144,9 @@ def test_positions_are_checked_before_scheduling(cli, tmp_path, monkeypatch):
     line = refused(cli, "pattern", "--model", "llama-2-7b", "--requests", str(path),
                    "--step-time-ms", "30", "--max-batched-tokens", "1")
     assert scheduled == []
-    assert ("request 3 in arrival order (at 0.2 s): prompt(4000) + output(97) = 4097 tokens "
-            "exceed max_position_embeddings(4096)") in line
+    # issue 42: named by its line (2), not by its place in arrival order (3)
+    assert ("the request on line 2 of the --requests file (at 0.2 s): prompt(4000) + "
+            "output(97) = 4097 tokens exceed max_position_embeddings(4096)") in line
 
 
 def test_a_large_workload_says_its_progress(cli, tmp_path, monkeypatch):

@@ -12,12 +12,18 @@ import numpy as np
 from microbench.argtypes import UsageError
 from microbench.backends import BoundCall, Group, displacements, register
 from microbench.backends.host_memory import written_zeros
-from microbench.ranks import shm
+from microbench.ranks import rank_stop, shm
 from microbench.ranks.device import check_device_index
 from microbench.ranks.dist import DistEnv
 
 mpi4py.rc.threads = False  # one thread issues every call; no MPI_THREAD_MULTIPLE locking
-from mpi4py import MPI  # noqa: E402
+# MPI_Init (this import) makes MPICH's /dev/shm segment: a stop signal meanwhile waits until
+# the segment is noted for removal, then ends the rank (ranks/rank_stop.py)
+with rank_stop.held():
+    from mpi4py import MPI
+    shm.note_segments(MPI.COMM_WORLD.Get_rank())
+    rank_stop.reclaim()  # before a SIGUSR1 or SIGHUP held meanwhile reaches MPICH's handler
+rank_stop.release()
 
 from microbench.backends import mpi_transport  # noqa: E402
 from microbench.backends.mpi_reduce import MpiTypes  # noqa: E402
@@ -55,11 +61,12 @@ class MpiBackend:
             raise UsageError(
                 f"the launcher started {env.world_size} ranks ({env.launcher} variables) but "
                 f"MPI sees a world of {self.world_size}; {_srun_mpi_hint()}")
-        # a rank ended by a signal leaves MPICH's /dev/shm segment: its launcher removes it
-        shm.note_segments(self.rank)
         self.types = MpiTypes()
         # collective, so here on every rank; versions() runs on rank 0 only
         self.node_ranks = mpi_transport.node_ranks(self.comm)
+        # every rank is past MPI_Init, so each maps MPICH's segment: its name can go now, and
+        # a run ended any way at all (SIGKILL of every process included) leaves none
+        shm.unlink_mapped()
         self._groups_made = 0  # a distinct tag per Create_group call
         self.device = device
         self.cuda_aware = cuda_aware()

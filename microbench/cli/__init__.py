@@ -5,6 +5,7 @@ Bad input of any kind ends with one line on stderr and exit status 2, never a tr
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -84,6 +85,8 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from microbench.cli import streams
+    streams.open_closed_ones()  # `>&-` or `2>&-`: the output goes nowhere, the run goes on
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
@@ -95,7 +98,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"infercomm {args.command}: error: {shown(str(err), 4000)}\n")
         return 2
     except BrokenPipeError:  # `infercomm pattern ... | head` is fine
-        return 0
+        streams.silence_stdout()
+        # a rank of a --nproc launcher says so by its status, and the launcher ends the run
+        return 128 + 13 if "INFERCOMM_LAUNCH_DIR" in os.environ else 0  # 13: SIGPIPE
+    except OSError as err:
+        if not streams.stdout_failed(err):
+            raise
+        sys.stderr.write(f"infercomm {args.command}: error: the output cannot be written "
+                         f"({err.strerror or err}); send stdout to a file with room, or a "
+                         "pipe\n")
+        return 2
     except KeyboardInterrupt:  # Ctrl-C: one line, the shell's status for SIGINT
         sys.stderr.write(f"infercomm {args.command}: interrupted\n")
         return 130

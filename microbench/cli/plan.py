@@ -250,8 +250,10 @@ def run(args: argparse.Namespace) -> int:
     refuse_alone(args)
     check_nodes(args.gpus, args.gpus_per_node)
     model = resolve_model(args.model)
-    sweep = load_sweep("--sweep", args.sweep)
-    inter = load_sweep("--sweep-inter", args.sweep_inter) if args.sweep_inter else None
+    # a KV-transfer sweep priced no layout but dp-only ones, and named one of them best
+    sweep = load_sweep("--sweep", args.sweep, collectives=args.disagg is None)
+    inter = (load_sweep("--sweep-inter", args.sweep_inter, collectives=True)
+             if args.sweep_inter else None)
     topology = topology_from(sweep_table(sweep), sweep_table(inter) if inter else None,
                              args.gpus_per_node)
     if args.gpus > args.gpus_per_node and topology.inter is None:

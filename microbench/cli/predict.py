@@ -103,8 +103,9 @@ def fits_table(topology: Topology) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    sweep = load_sweep("--sweep", args.sweep)
-    inter = load_sweep("--sweep-inter", args.sweep_inter) if args.sweep_inter else None
+    sweep = load_sweep("--sweep", args.sweep, collectives=True)
+    inter = (load_sweep("--sweep-inter", args.sweep_inter, collectives=True)
+             if args.sweep_inter else None)
     measured: dict[str, float] = {}
     pattern = None
     replay = None

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from microbench.argtypes import UsageError
-from microbench.results.atomic import write_atomic
-from microbench.results.runs import RunFolder, load_run
+from microbench.results.atomic import check_writable, missing_folders, remove_made, write_atomic
+from microbench.results.runs import RunFolder, load_run, load_sweep
 
 EXAMPLES = """\
 examples:
@@ -56,9 +56,7 @@ def _inputs(args: argparse.Namespace) -> tuple[list[RunFolder], RunFolder | None
     except ImportError:
         raise UsageError("figures need matplotlib: pip install 'infercomm[plot]'") from None
     runs = [load_run(p) for p in args.runs]
-    sweep = load_run(args.sweep) if args.sweep else None
-    if sweep is not None and sweep.kind != "sweep":
-        raise UsageError(f"--sweep {args.sweep}: a {sweep.kind} run; pass a sweep run")
+    sweep = load_sweep("--sweep", args.sweep, collectives=True) if args.sweep else None
     from microbench.results.runs import refuse_mixed_standins
     refuse_mixed_standins(runs + ([sweep] if sweep is not None else []))
     return runs, sweep
@@ -71,7 +69,6 @@ def run_report(args: argparse.Namespace) -> int:
     from microbench.analysis.report import build
     from microbench.analysis.report_html import render_html
 
-    runs, sweep = _inputs(args)
     if args.output is None:  # the default name is not overwritten behind the user's back
         if Path(DEFAULT_REPORT).exists():
             raise UsageError(f"./{DEFAULT_REPORT} exists; pass -o FILE for a new page (or "
@@ -80,6 +77,8 @@ def run_report(args: argparse.Namespace) -> int:
     out = Path(args.output)
     if out.is_dir():
         raise UsageError(f"-o {args.output} is a folder; name the HTML file to write")
+    check_writable(out.parent, args.output)  # at once, not after the figures (5 s and more)
+    runs, sweep = _inputs(args)
     entries, tables = build(runs, sweep, args.threshold)
     page = render_html(entries, tables)
     write_atomic(out, page, args.output)
@@ -96,24 +95,31 @@ def run_plot(args: argparse.Namespace) -> int:
     from microbench.analysis.report import build
     from microbench.analysis.report_html import png_bytes
 
-    runs, sweep = _inputs(args)
     folder = Path(args.output)
+    check_writable(folder, args.output)  # at once, not after the figures
+    runs, sweep = _inputs(args)
     entries, tables = build(runs, sweep, args.threshold)
     if not entries:  # e.g. KV-transfer runs: their transfers are the report's tables
         kinds = ", ".join(sorted({r.kind for r in runs}))
         raise UsageError(f"no figure to draw from these runs ({kinds}); `infercomm report "
                          f"{' '.join(args.runs)} -o report.html` shows their tables")
+    made = missing_folders(folder)
+    files: list[Path] = []
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        for e in entries:
+            path = folder / f"{e.name}.png"
+            write_atomic(path, png_bytes(e.figure), args.output)
+            files.append(path)
     except OSError as err:
+        remove_made(files, made)
         raise UsageError(f"-o {args.output}: cannot create the folder ({err.strerror})") from None
-    files = []
-    for e in entries:
-        path = folder / f"{e.name}.png"
-        write_atomic(path, png_bytes(e.figure), args.output)
-        files.append(str(path))
+    except UsageError:  # no room for a figure: no half-made folder stays (a full disk)
+        remove_made(files, made)
+        raise
+    for path, e in zip(files, entries, strict=True):
         print(f"{path}  {e.title}")
     for note in tables["notes"]:
         sys.stderr.write(f"infercomm plot: {note}\n")
-    print(json.dumps({"files": files}, separators=(",", ":")))
+    print(json.dumps({"files": [str(f) for f in files]}, separators=(",", ":")))
     return 0

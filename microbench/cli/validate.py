@@ -3,9 +3,11 @@
 import argparse
 import json
 
+from microbench.argtypes import rank_list
+from microbench.cli.validate_checks import check_ranks, check_workload_fits
 from microbench.options.pattern_args import add_pattern_arguments, pattern_from_args
 from microbench.views.textfmt import render_table
-from patterns import Pattern
+from patterns import Layout, Pattern
 from patterns.engines.vllm.pp_hints import pp_path_hint
 from patterns.rank_order import LAYOUT_ORDER, MEGATRON_DEFAULT_ORDER, RANK_ORDERS
 from patterns.traces import read_traces
@@ -31,13 +33,24 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                              f"{MEGATRON_DEFAULT_ORDER} (Megatron-Core's default order, "
                              "tp-cp-ep-dp-pp: PP outermost); they differ only where dp and pp "
                              "are both above 1")
+    parser.add_argument("--ranks", type=rank_list, default=None, metavar="R[,R...]",
+                        help="the layout's ranks the trace holds, compared alone (a profile "
+                             "of rank 0 of eight: --ranks 0); without it the trace must hold "
+                             "every rank")
     add_pattern_arguments(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    trace = None
+    if getattr(args, "requests", None):  # a workload is weighed against the trace first
+        layout = Layout(tp=args.tp, pp=args.pp, dp=args.dp)
+        trace = read_traces(*_per_dp_rank(args.trace, layout))
+        check_workload_fits(args, trace)
     pattern = pattern_from_args(args)  # bad options end here, before reading big files
-    trace = read_traces(*_per_dp_rank(args.trace, pattern))
+    if trace is None:
+        trace = read_traces(*_per_dp_rank(args.trace, pattern.layout))
+    check_ranks(args, trace, pattern)
     result = validate(trace, pattern, args.rank_order)
     rows = [[str(r.rank), r.phase, r.op, f"{r.numel:,}", r.dtype,
              "?" if r.group_size is None else str(r.group_size), f"{r.trace_calls:,}",
@@ -68,12 +81,11 @@ def run(args: argparse.Namespace) -> int:
     return 0 if result.match else 1
 
 
-def _per_dp_rank(groups: list[list[str]], pattern: Pattern) -> tuple[list[str], list[int]]:
+def _per_dp_rank(groups: list[list[str]], layout: Layout) -> tuple[list[str], list[int]]:
     """The files of every --trace, and each one's rank offset: --trace given once a DP rank
     places the k-th one's ranks at DP rank k (an engine's rank r: k x tp x pp + r)."""
     if len(groups) == 1:
         return groups[0], [0] * len(groups[0])
-    layout = pattern.layout
     if len(groups) != layout.dp:
         from microbench.argtypes import UsageError
         raise UsageError(f"--trace is given {len(groups)} times for dp({layout.dp}): give it "

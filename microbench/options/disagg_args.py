@@ -6,7 +6,7 @@ options: `microbench/cli/kv_args.py`. Nothing heavy is imported here: `--help` s
 import argparse
 import dataclasses
 
-from microbench.argtypes import UsageError, positive_int
+from microbench.argtypes import UsageError, commit_text, positive_int
 from patterns import EngineOptions, Workload, resolve_model
 from patterns.disagg import KV_CACHE_DTYPES, DisaggPattern, generate_disagg, parse_disagg
 
@@ -24,7 +24,7 @@ def add_disagg_arguments(group: argparse._ArgumentGroup) -> None:
                        help="with --disagg: the engine's KV connector, nixl (vllm; sglang), "
                             "nixl-push (vllm's NixlPushConnector: the prefill ranks write) or "
                             "mooncake (sglang) (default: vllm nixl, sglang mooncake)")
-    group.add_argument("--connector-version", default=None, metavar="COMMIT",
+    group.add_argument("--connector-version", default=None, metavar="COMMIT", type=commit_text,
                        help="with --disagg: the engine commit whose connector is modelled "
                             "(vllm: c8109375, K and V packed, the default; cda19ecf, K and V "
                             "two regions, before vLLM #44455; sglang: 8905cbd4)")

@@ -13,12 +13,24 @@ Nothing is added to the replay path when it is unset.
 import ctypes
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 
+from patterns.errors import shown
+
+FAULT_VAR = "INFERCOMM_FAULT"
+
+
+def injected_note() -> str:
+    """The line that says a failure was injected: INFERCOMM_FAULT left set in a user's shell
+    made real runs fail with nothing saying why."""
+    return (f"infercomm: note: {FAULT_VAR}={shown(os.environ.get(FAULT_VAR, ''), 60)} is set: "
+            "the test suite's injected fault; unset it for a real run\n")
+
 
 def _spec(rank: int) -> list[str] | None:
-    raw = os.environ.get("INFERCOMM_FAULT", "")
+    raw = os.environ.get(FAULT_VAR, "")
     parts = raw.split(":")
     if len(parts) < 2 or not parts[1].isdigit() or int(parts[1]) != rank:
         return None
@@ -39,8 +51,16 @@ def step_fault(rank: int) -> tuple[int, Callable[[], None]] | None:
     if spec is None or spec[0] not in ("kill", "hang") or len(spec) != 3:
         return None
     if spec[0] == "kill":
-        return int(spec[2]), lambda: os.kill(os.getpid(), signal.SIGKILL)
-    return int(spec[2]), lambda: time.sleep(3600)
+        return int(spec[2]), lambda: (_said(), os.kill(os.getpid(), signal.SIGKILL))
+    return int(spec[2]), lambda: (_said(), time.sleep(3600))
+
+
+def _said() -> None:
+    """Under a launcher other than `--nproc` (which says it once, ranks/launch.py), the rank
+    that injects a fault says so first."""
+    if not os.environ.get("INFERCOMM_LAUNCH_DIR"):  # notes.LAUNCH_DIR_VAR
+        sys.stderr.write(injected_note())
+        sys.stderr.flush()
 
 
 def startup_stall(rank: int) -> None:
@@ -51,4 +71,5 @@ def startup_stall(rank: int) -> None:
     """
     spec = _spec(rank)
     if spec is not None and spec[0] == "stall":
+        _said()
         ctypes.PyDLL(None).sleep(3600)

@@ -15,8 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from microbench.argtypes import UsageError
-from microbench.ranks import notes, shm
-from microbench.ranks.children import CHECK_ONLY_VAR, StopGuard, Stopped, die_with_parent
+from microbench.ranks import faults, notes, rank_stop, shm
+from microbench.ranks.children import (
+    STOP_SIGNALS,
+    StopGuard,
+    Stopped,
+    check_only,
+    die_with_parent,
+    signals_held,
+)
+from microbench.ranks.failures import CLOSED_STDOUT_STATUS
 from microbench.ranks.mpi_output import MpiBanner, mpi_status, signal_name
 from microbench.ranks.stopped import resume_stopped
 from microbench.ranks.watchdog import TIMEOUT_EXIT_STATUS
@@ -90,12 +98,12 @@ def spawn_local(nproc: int, backend: str, argv: list[str]) -> int:
     Whatever ends the launcher ends the ranks: SIGINT, SIGTERM and SIGHUP are caught and every
     rank is ended (exit 128+signal, one line); SIGKILL cannot be caught, so each rank's
     sentinel polls the launcher and ends its rank, and direct children get PDEATHSIG."""
-    if os.environ.get(CHECK_ONLY_VAR):  # a grid checking its input (ranks/children.py)
+    if check_only():  # a grid checking its input (ranks/children.py)
         if backend == "mpi":
             find_mpiexec()  # mpi4py and mpiexec are input too
         return 0
     folder = notes.new_launch_dir()
-    _start_reaper(folder)
+    reaper = Reaper(folder)
     env = _base_env()
     env.update({notes.LAUNCHER_VAR: notes.launcher_identity(),
                 notes.LAUNCH_DIR_VAR: str(folder)})
@@ -103,32 +111,40 @@ def spawn_local(nproc: int, backend: str, argv: list[str]) -> int:
     common: dict[str, Any] = {"process_group": 0, "preexec_fn": die_with_parent(os.getpid())}
     with StopGuard() as guard:
         try:
-            return _run_ranks(nproc, backend, argv, env, common, procs, folder)
+            status = _run_ranks(nproc, backend, argv, env, common, procs, folder, reaper)
+            if status and os.environ.get(faults.FAULT_VAR):
+                sys.stderr.write(faults.injected_note())
+            return status
         except Stopped as stopped:
             guard.deafen()  # a closed stdout (SIGPIPE) is found, not signalled
-            _end_all(procs)
+            _end_all(procs, folder)
             if stopped.signum == signal.SIGPIPE:  # stdout closed (`| head`): quietly
                 return 128 + stopped.signum
             sys.stderr.write(f"infercomm: {stopped.how}; ended every rank\n")
             return 128 + stopped.signum
         finally:
             guard.deafen()
-            _end_all(procs)
+            _end_all(procs, folder)
             notes.remove(folder)  # with what MPI left in /dev/shm (ranks/shm.py)
+            reaper.end()
 
 
 def _run_ranks(nproc: int, backend: str, argv: list[str], env: dict[str, str],
-               common: dict[str, Any], procs: list[subprocess.Popen], folder: Path) -> int:
+               common: dict[str, Any], procs: list[subprocess.Popen], folder: Path,
+               reaper: "Reaper") -> int:
     """Start the ranks (appended to `procs` as they start, for the caller to end) and wait for
     them; the run's exit status."""
     if backend == "mpi":
         cmd, mpi_env = mpi_command(nproc, argv)
-        procs.append(subprocess.Popen(cmd, env={**mpi_env, **env}, stdout=subprocess.PIPE,
-                                      **common))
+        env[rank_stop.HOLD_VAR] = "1"  # stops wait for MPI_Init (ranks/rank_stop.py)
+        with signals_held():  # appended before a stop can be raised (children.signals_held)
+            procs.append(subprocess.Popen(cmd, env={**mpi_env, **env},
+                                          stdout=subprocess.PIPE, **common))
         banner = MpiBanner()
         reader = threading.Thread(target=banner.forward, args=(procs[0].stdout,), daemon=True)
         reader.start()
-        status = _wait_all(procs, ["mpiexec"], folder, _MpiWatch(procs[0].pid, banner))
+        status = _wait_all(procs, ["mpiexec"], folder,
+                           _MpiWatch(procs[0].pid, banner, reaper, folder, nproc))
         reader.join(timeout=5)
         if banner.closed:
             raise Stopped(signal.SIGPIPE)
@@ -138,19 +154,26 @@ def _run_ranks(nproc: int, backend: str, argv: list[str], env: dict[str, str],
     env.update(WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
                MASTER_ADDR=env.get("MASTER_ADDR") or "127.0.0.1",
                MASTER_PORT=str(master_port(env)))
+    # a rank starts with the stop signals held, until it ends by them (ranks/rank_stop.py)
+    rank_common = {**common, "preexec_fn": die_with_parent(os.getpid(), keep_held=True)}
     for r in range(nproc):
-        procs.append(subprocess.Popen([sys.executable, "-m", "microbench", *argv],
-                                      env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                                      **common))
-    return _no_progress(_wait_all(procs, [f"rank {r}" for r in range(nproc)], folder), folder)
+        with signals_held():
+            procs.append(subprocess.Popen([sys.executable, "-m", "microbench", *argv],
+                                          env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                                          **rank_common))
+    return _no_progress(_wait_all(procs, [f"rank {r}" for r in range(nproc)], folder,
+                                  reaper.keep), folder)
 
 
 # Waits for the launcher to end, however it ends, and removes its notes folder and the MPI
 # segments its ranks noted there (ranks/shm.py): a launcher killed by SIGKILL cannot, and
-# under MPI its ranks' sentinels die with the ranks. Standard library only (-S: no site
-# packages; shm.py is loaded by its path), so it starts in milliseconds.
+# under MPI its ranks' sentinels die with the ranks. Deaf to every signal that can be ignored
+# (a `kill` of the run's processes, all at once, must not take it first); standard library
+# only (-S: no site packages; shm.py is loaded by its path), so it starts in milliseconds.
 _REAPER = """
-import importlib.util, os, shutil, sys, time
+import importlib.util, os, shutil, signal, sys, time
+for signum in (1, 2, 3, 10, 12, 13, 14, 15):  # HUP INT QUIT USR1 USR2 PIPE ALRM TERM
+    signal.signal(signum, signal.SIG_IGN)
 pid, folder, shm_py = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 while True:
     try:
@@ -170,13 +193,33 @@ shutil.rmtree(folder, ignore_errors=True)
 """
 
 
-def _start_reaper(folder: Path) -> None:
-    """A process outside the run's process groups that removes `folder` once we are gone."""
-    with contextlib.suppress(OSError):
-        subprocess.Popen([sys.executable, "-S", "-c", _REAPER, str(os.getpid()), str(folder),
-                          shm.__file__],
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True)
+class Reaper:
+    """A process outside the run's process groups that removes `folder` once we are gone;
+    started again when it is killed while the run goes on (`keep`, each poll), and ended by
+    whoever removes the folder (`end`; notes.remove_launch_dir): a reaper someone stopped
+    (SIGSTOP) would otherwise outlive the run."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.keep()
+
+    def keep(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        with contextlib.suppress(OSError):
+            self.proc = subprocess.Popen(
+                [sys.executable, "-S", "-c", _REAPER, str(os.getpid()), str(self.folder),
+                 shm.__file__], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, start_new_session=True)
+            notes.note_reaper(self.folder, self.proc.pid)
+
+    def end(self) -> None:
+        """The folder is gone: so is the reaper's work (SIGKILL: it may be stopped)."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                self.proc.kill()
+                self.proc.wait(timeout=5)
 
 
 def _no_progress(status: int, folder: Path) -> int:
@@ -206,12 +249,17 @@ class _MpiWatch:
     """Asked by _wait_all each poll under MPI: stdout closed ends the run (SIGPIPE, as a
     pipeline would); a stopped mpiexec or proxy is resumed (ranks/stopped.py)."""
 
-    def __init__(self, mpiexec: int, banner: "MpiBanner") -> None:
-        self.mpiexec, self.banner, self.last = mpiexec, banner, 0.0
+    def __init__(self, mpiexec: int, banner: "MpiBanner", reaper: Reaper, folder: Path,
+                 nproc: int) -> None:
+        self.mpiexec, self.banner, self.reaper, self.last = mpiexec, banner, reaper, 0.0
+        self.folder, self.nproc, self.segments = folder, nproc, set[str]()
 
     def __call__(self) -> None:
+        self.reaper.keep()
         if self.banner.closed:
             raise Stopped(signal.SIGPIPE)
+        if len(list(self.folder.glob("shm-[0-9]*"))) < self.nproc:  # ranks in MPI_Init
+            shm.note_opened(notes.rank_pids(self.folder), self.folder, self.segments)
         if time.monotonic() - self.last < 0.5:
             return
         self.last = time.monotonic()
@@ -240,9 +288,17 @@ def _wait_all(procs: list[subprocess.Popen], names: list[str], folder: Path,
                     continue
                 if code == WRITE_ERROR_EXIT_STATUS:
                     continue  # rank 0 measured, said where the run went; the others end well
+                if code == CLOSED_STDOUT_STATUS:
+                    raise Stopped(signal.SIGPIPE)  # rank 0's stdout closed: quietly, as MPI
                 failed_at = time.monotonic()
                 if name == "mpiexec":
                     continue  # described once its output is read (mpi_status)
+                if -code in STOP_SIGNALS:
+                    # someone ended this rank: the others' errors would only follow from it,
+                    # so they are ended now, without waiting for them to say so
+                    sys.stderr.write(f"infercomm: {name} was ended by "
+                                     f"{signal_name(-code)}; ended every rank\n")
+                    return status
                 others = "; ending the other ranks" if len(procs) > 1 else ""
                 sys.stderr.write(f"infercomm: error: {name} ended with "
                                  f"{_describe(code)}{others}\n")
@@ -253,16 +309,20 @@ def _wait_all(procs: list[subprocess.Popen], names: list[str], folder: Path,
         time.sleep(0.05)
 
 
-def _end_all(procs: list[subprocess.Popen]) -> None:
-    """SIGTERM each child's process group (a rank and its sentinel; mpiexec, its proxies and
-    their ranks), then SIGKILL what is left after 5 s."""
+def _end_all(procs: list[subprocess.Popen], folder: Path) -> None:
+    """SIGTERM each child's process group (a rank; mpiexec, its proxies and their ranks), then
+    SIGKILL what is left after 5 s. Before each, the MPI segments the live ranks map are
+    noted, for the folder's removal: a rank killed inside MPI_Init never noted its own."""
     alive = [p for p in procs if p.poll() is None]
+    shm.note_mapped_by(notes.rank_pids(folder), folder)
     for p in alive:
         _signal_group(p, signal.SIGTERM)
     deadline = time.monotonic() + 5
     for p in alive:
         with contextlib.suppress(subprocess.TimeoutExpired):
             p.wait(timeout=max(deadline - time.monotonic(), 0.1))
+    if any(p.poll() is None for p in alive):
+        shm.note_mapped_by(notes.rank_pids(folder), folder)
     for p in alive:
         _signal_group(p, signal.SIGKILL)  # stragglers in the group, and a leader that hung
         with contextlib.suppress(subprocess.TimeoutExpired):

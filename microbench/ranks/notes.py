@@ -14,6 +14,7 @@ Outside `--nproc` neither is set and nothing here does anything.
 import contextlib
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -88,10 +89,21 @@ def new_launch_dir() -> Path:
     return folder
 
 
+def note_reaper(folder: Path, pid: int) -> None:
+    """The launcher's reaper ("PID:START"), for whoever removes the folder to end it."""
+    with contextlib.suppress(OSError):
+        (folder / "reaper").write_text(f"{pid}:{process_start(pid)}")
+
+
 def remove_launch_dir() -> None:
-    """Remove the launcher's notes folder: a launcher killed by SIGKILL cannot."""
+    """Remove the launcher's notes folder (a launcher killed by SIGKILL cannot), and end its
+    reaper, which has nothing left to do (and outlived the run when it was stopped)."""
     folder = os.environ.get(LAUNCH_DIR_VAR)
     if folder and Path(folder).name.startswith("infercomm-launch-"):
+        with contextlib.suppress(OSError, ValueError):
+            reaper = (Path(folder) / "reaper").read_text()
+            if launcher_alive(reaper):  # the same process: pid and start time
+                os.kill(int(reaper.partition(":")[0]), signal.SIGKILL)
         remove(Path(folder))
 
 
@@ -99,6 +111,20 @@ def remove(folder: Path) -> None:
     """Remove a notes folder, and first the MPI segments its ranks noted (ranks/shm.py)."""
     shm.remove_noted(folder)
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def rank_pids(folder: Path) -> list[int]:
+    """The pids of the ranks that noted themselves (note_rank)."""
+    return sorted(int(p.name[4:]) for p in folder.glob("pid-*") if p.name[4:].isdigit())
+
+
+def a_peer_ended() -> bool:
+    """Under a `--nproc` launcher: whether a rank other than this one has ended."""
+    folder = os.environ.get(LAUNCH_DIR_VAR)
+    if not folder:
+        return False
+    return any(process_start(pid) is None for pid in rank_pids(Path(folder))
+               if pid != os.getpid())
 
 
 def rank_of_pid(folder: Path, pid: int) -> int | None:

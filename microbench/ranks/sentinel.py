@@ -36,7 +36,8 @@ import signal
 import sys
 import time
 
-from microbench.ranks import notes
+from microbench.ranks import notes, shm
+from microbench.ranks.children import STOP_SIGNALS
 from microbench.ranks.watchdog import REOPEN_FLAGS, no_progress_message
 
 LAUNCHER_POLL_SECONDS = 0.5
@@ -58,7 +59,7 @@ def watch(fd: int, pid: int, timeout: float, rank: int, command: str,
         if launcher and not notes.launcher_alive(launcher):
             say(f"infercomm {command}: error: rank {rank}: its launcher (pid "
                 f"{launcher.partition(':')[0]}) ended; ending the rank\n")
-            os.kill(pid, signal.SIGKILL)
+            _kill(pid)
             notes.remove_launch_dir()
             return
         now = parent_of(pid)
@@ -68,7 +69,7 @@ def watch(fd: int, pid: int, timeout: float, rank: int, command: str,
             # rank would run on alone and write results of a job that failed.
             say(f"infercomm {command}: error: rank {rank}: the process that started it "
                 f"(pid {parent}) ended; ending the rank\n")
-            os.kill(pid, signal.SIGKILL)
+            _kill(pid)
             return
         if not ready:
             if time.monotonic() - last_beat < timeout:
@@ -76,7 +77,7 @@ def watch(fd: int, pid: int, timeout: float, rank: int, command: str,
             say(no_progress_message(command, rank, timeout, where,
                                     "the interpreter is stuck in a library call"))
             notes.note_stuck(rank)
-            os.kill(pid, signal.SIGKILL)
+            _kill(pid)
             return
         chunk = os.read(fd, 4096)
         if not chunk:
@@ -88,6 +89,16 @@ def watch(fd: int, pid: int, timeout: float, rank: int, command: str,
         pending = lines[-1]
         if len(lines) > 1:
             where = lines[-2].decode(errors="replace")
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL the rank, first noting the MPI segments it maps for the launch folder's
+    removal (a rank stuck in MPI_Init has made its segment but not noted it)."""
+    folder = os.environ.get(notes.LAUNCH_DIR_VAR)
+    if folder:
+        shm.note_mapped_by([pid], folder)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
 
 
 def _say(message: str, rank_pid: int | None = None) -> None:
@@ -122,9 +133,11 @@ def parent_of(pid: int) -> int | None:
 
 def main(argv: list[str]) -> int:
     pid, timeout, rank, command = int(argv[0]), float(argv[1]), int(argv[2]), argv[3]
-    # Terminal signals meant for the rank's process group (Ctrl-C) are the rank's to handle;
-    # this process ends with it through end of file.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Stop signals are the rank's (this process is in a session of its own, but a `kill` of
+    # every process of the run reaches it too): it ends with the rank, through end of file,
+    # and outlives it long enough to remove the launch folder if the launcher is gone.
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
     via_rank = len(argv) > 4 and argv[4] == "rank"
     watch(sys.stdin.fileno(), pid, timeout, rank, command,
           os.environ.get(notes.LAUNCHER_VAR) or None, via_rank)

@@ -29,17 +29,22 @@ PREFIXES = ("mpich_shm_", "mpich_vci_")
 
 def mapped_segments(pid: str = "self") -> list[str]:
     """The MPI segments under /dev/shm that process `pid` maps, each once."""
-    found: list[str] = []
+    return list(_mapped(pid))
+
+
+def _mapped(pid: str) -> dict[str, int]:
+    """{path: inode} of the MPI segments `pid` maps, in the order they appear."""
+    found: dict[str, int] = {}
     try:
         with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as maps:
             for line in maps:
                 fields = line.split(None, 5)
-                if len(fields) < 6:
+                if len(fields) < 6 or not fields[4].isdigit():
                     continue
-                path = fields[5].strip()
+                path = fields[5].strip()  # " (deleted)" once unlinked: no name to remove
                 if (os.path.dirname(path) == SHM and os.path.basename(path).startswith(PREFIXES)
-                        and path not in found):
-                    found.append(path)
+                        and not path.endswith(" (deleted)")):
+                    found.setdefault(path, int(fields[4]))
     except OSError:
         pass
     return found
@@ -50,14 +55,73 @@ def note_segments(rank: int) -> None:
     folder = os.environ.get("INFERCOMM_LAUNCH_DIR")  # notes.LAUNCH_DIR_VAR
     if not folder:
         return
-    lines = []
-    for path in mapped_segments():
-        with contextlib.suppress(OSError):
-            lines.append(f"{path} {os.stat(path).st_ino}\n")
+    lines = [f"{path} {inode}\n" for path, inode in _mapped("self").items()]
+    # written even empty: the launcher reads it as the rank being past MPI_Init
+    # OSError: the launcher is gone or its folder removed, so there is nobody to tell
+    with contextlib.suppress(OSError):
+        Path(folder, f"shm-{rank}").write_text("".join(lines))
+
+
+def note_mapped_by(pids: list[int], folder: str | os.PathLike[str]) -> None:
+    """Note the segments processes `pids` (live ranks) map, for the folder's removal: the
+    launcher's, before it ends ranks that may be inside MPI_Init, where they have made their
+    segment and not yet noted it."""
+    lines = [f"{path} {inode}\n" for pid in pids for path, inode in _mapped(str(pid)).items()]
     if lines:
-        # OSError: the launcher is gone or its folder removed, so there is nobody to tell
+        with contextlib.suppress(OSError), open(Path(folder, "shm-launcher"), "a") as note:
+            note.write("".join(lines))
+
+
+def opened_by(pid: int) -> dict[str, int]:
+    """{path: inode} of the MPI segments process `pid` holds open (MPICH keeps its segment's
+    descriptor from MPL_initshm_open to MPI_Finalize): cheaper to read than its maps, so a
+    launcher can look at its ranks while they start."""
+    found: dict[str, int] = {}
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return found
+    for fd in fds:
+        try:
+            path = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if (os.path.dirname(path) == SHM and os.path.basename(path).startswith(PREFIXES)
+                    and not path.endswith(" (deleted)")):
+                found[path] = os.stat(f"/proc/{pid}/fd/{fd}").st_ino
+        except OSError:
+            continue
+    return found
+
+
+def note_opened(pids: list[int], folder: str | os.PathLike[str], seen: set[str]) -> None:
+    """Note for the folder's removal the segments `pids` hold open that are not in `seen`
+    (updated): the launcher's look at ranks inside MPI_Init, where they have made their
+    segment and not yet noted it themselves; a rank ended there by its process manager
+    (its peer died before MPI_Init) would leave it."""
+    lines = []
+    for pid in pids:
+        for path, inode in opened_by(pid).items():
+            if path not in seen:
+                seen.add(path)
+                lines.append(f"{path} {inode}\n")
+    if lines:
+        with contextlib.suppress(OSError), open(Path(folder, "shm-launcher"), "a") as note:
+            note.write("".join(lines))
+
+
+def unlink_mapped() -> list[str]:
+    """Remove the names of the segments this process maps, once every rank of the node maps
+    them (after a collective over the job): the memory stays the ranks' until they unmap it,
+    and however the run then ends, even with every process killed at once, nothing of it is
+    left in /dev/shm. MPICH opens them by name only in MPI_Init (MPL_initshm_open), and
+    MPI_Finalize's removal of a name already gone is no error (measured: 4 ranks, world and
+    split communicators, collectives and send/recv after the removal, exit 0)."""
+    removed = []
+    for path, inode in _mapped("self").items():
         with contextlib.suppress(OSError):
-            Path(folder, f"shm-{rank}").write_text("".join(lines))
+            if os.stat(path, follow_symlinks=False).st_ino == inode:  # still the one we map
+                os.unlink(path)
+                removed.append(path)
+    return removed
 
 
 def remove_noted(folder: str | os.PathLike[str]) -> list[str]:

@@ -11,13 +11,15 @@ process (microbench/sentinel.py), which ends the rank when the heartbeats stop.
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
 
-from microbench.ranks import notes
+from microbench.ranks import notes, rank_stop
+from microbench.ranks.children import STOP_SIGNALS
 
 TIMEOUT_EXIT_STATUS = 124  # as timeout(1)
 # How the rank's stderr is opened again through /proc to write one line: at its end (a file),
@@ -62,6 +64,7 @@ class Watchdog:
     def start(self) -> "Watchdog":
         # Before any backend is opened: forking after MPI or CUDA initialisation is unsafe.
         notes.note_rank(self.rank)  # lets a --nproc launcher name this rank by its pid
+        rank_stop.take_default_stops()  # a stop signal ends the rank at once, under any launcher
         # The sentinel holds none of our output descriptors where it can reach our stderr
         # through /proc: a process manager takes our closed output for our end (sentinel.py).
         via_rank = stderr_reopens()
@@ -70,8 +73,12 @@ class Watchdog:
              f"{self.timeout:g}", str(self.rank), self.command,
              "rank" if via_rank else "inherited"],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL if via_rank else None, close_fds=True)
-        self._thread.start()
+            stderr=subprocess.DEVNULL if via_rank else None, close_fds=True,
+            # its own session: signals meant for the rank's process group (a process
+            # manager's, a launcher's) leave it, so it outlives the rank and sees it end
+            start_new_session=True)
+        with rank_stop.held():  # the thread is born with them held (see _watch)
+            self._thread.start()
         return self
 
     def stop(self) -> None:
@@ -102,6 +109,9 @@ class Watchdog:
             self._sentinel = None
 
     def _watch(self) -> None:
+        # Stop signals are the main thread's: held here, they wait for it where it holds them
+        # (MPI_Init: ranks/rank_stop.py) instead of ending the process from this thread.
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         seen, since = self.steps, time.monotonic()
         poll = min(1.0, self.timeout / 4)
         self._heartbeat()

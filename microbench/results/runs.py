@@ -173,11 +173,17 @@ def _plain(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
-def load_sweep(flag: str, path: str) -> RunFolder:
-    """The sweep run at `path`; `flag` names the option that gave it in a refusal."""
+def load_sweep(flag: str, path: str, collectives: bool = False) -> RunFolder:
+    """The sweep run at `path`; `flag` names the option that gave it in a refusal. With
+    `collectives`, a sweep of the KV transfer alone is refused: it prices no collective, and
+    a plan from it took the layouts without communication (dp only) for the best."""
     sweep = load_run(path)
     if sweep.kind != "sweep":
         raise UsageError(f"{flag} {path}: a {sweep.kind} run; pass a sweep run")
+    if collectives and {r["op"] for r in sweep_table(sweep)} <= {"kvtransfer"}:
+        raise UsageError(f"{flag} {path}: a sweep of the KV transfer (sweep --op kvtransfer), "
+                         "which prices no collective; pass a sweep of the collectives "
+                         "(sweep --op allreduce,... or --from-pattern)")
     return sweep
 
 

@@ -23,7 +23,15 @@ import sys
 from typing import Any
 
 from microbench.argtypes import UsageError, positive_int
-from microbench.ranks.children import CHECK_ONLY_VAR, Stopped, die_with_parent, run_child
+from microbench.ranks.children import (
+    CHECK_ONLY_VAR,
+    StopGuard,
+    Stopped,
+    check_only,
+    check_only_value,
+    die_with_parent,
+    run_child,
+)
 
 SETTINGS_VAR = "INFERCOMM_SETTINGS"  # the names a grid set, recorded by results/store.py
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -95,7 +103,8 @@ def run_grid(command: str, args: argparse.Namespace) -> int:
     """Run every combination; write the grid folder; print the best-setting table.
 
     A run that fails stops the grid, and one that is stopped (Ctrl-C, kill) ends with it
-    (ranks/children.py); either way the runs done so far are kept as a partial grid."""
+    (ranks/children.py), as does a stop between runs or during the input check; either way
+    the runs done so far are kept as a partial grid."""
     from microbench.ranks import dist
     if not args.env:
         raise UsageError("--env-runs repeats the combinations of --env NAME=v1,v2; add --env or "
@@ -103,52 +112,59 @@ def run_grid(command: str, args: argparse.Namespace) -> int:
     if dist.detect() is not None:
         raise UsageError("--env starts one job per setting itself; run it without a launcher "
                          "(add --nproc N for the ranks of each job)")
+    check_only()  # a stray INFERCOMM_CHECK_ONLY would make every run measure nothing
     args.env_runs = args.env_runs or 1
     combos = combinations(args.env, args.env_runs)
     varying = {name for name, values in args.env if len(values) > 1}
     base = child_argv(args.argv)
     label = args.label or f"grid-{command}"
-    checked = _check_input(base, label, combos[0])
-    if checked:
-        return checked
-    runs: list[dict[str, Any]] = []
     total = len(combos) * args.env_runs
+    runs: list[dict[str, Any]] = []
     ended: dict[str, Any] | None = None  # how a grid that did not finish ended
     status = 0
-    for n, (repeat, combo) in enumerate(itertools.product(range(args.env_runs), combos)):
-        slug = "-".join(f"{k}-{v}" for k, v in combo.items())
-        cmd = [sys.executable, "-m", "microbench", *base, "--label", f"{label}-{slug}"[:100]]
-        env = {**os.environ, **combo, SETTINGS_VAR: ",".join(combo)}
-        sys.stderr.write(f"[infercomm] grid {n + 1}/{total}: {setting_name(combo)}\n")
+    with StopGuard() as guard:
+        at, current = "the input check", None  # what a stop ends
         try:
-            done = run_child(cmd, env)
+            checked = _check_input(base, label, combos[0])
+            if checked:
+                return checked
+            for n, (repeat, combo) in enumerate(itertools.product(range(args.env_runs),
+                                                                  combos)):
+                current = setting_name(combo)
+                at = f"the run with {current} (run {n + 1} of {total})"
+                slug = "-".join(f"{k}-{v}" for k, v in combo.items())
+                cmd = [sys.executable, "-m", "microbench", *base, "--label",
+                       f"{label}-{slug}"[:100]]
+                env = {**os.environ, **combo, SETTINGS_VAR: ",".join(combo)}
+                sys.stderr.write(f"[infercomm] grid {n + 1}/{total}: {setting_name(combo)}\n")
+                done = run_child(cmd, env)
+                at, current = f"the grid after run {n + 1} of {total}", None
+                last = _last_json(done.stdout)
+                folder = last.get("results_dir") if last else None
+                wrong = bool(last.get("wrong")) if last else False
+                if done.status != 0 and not (done.status == 1 and wrong and folder):
+                    sys.stderr.write(done.stdout[-2000:])
+                    status = done.status or 1
+                    ended = {"setting": setting_name(combo), "exit_status": status,
+                             "results_dir": folder}
+                    sys.stderr.write(f"infercomm {command}: the run with {setting_name(combo)} "
+                                     f"failed (exit {done.status}); the grid stops\n")
+                    break
+                runs.append({"setting": setting_name(combo, varying), "env": combo,
+                             "repeat": repeat, "results_dir": folder,
+                             "exit_status": done.status, "check_failed": wrong})
         except Stopped as stopped:
+            guard.deafen()  # what was done is written whole
             status = 128 + stopped.signum
-            ended = {"setting": setting_name(combo), "stopped_by":
-                     signal.Signals(stopped.signum).name}
-            sys.stderr.write(f"infercomm {command}: {stopped.how}; ended the run with "
-                             f"{setting_name(combo)} (run {n + 1} of {total})\n")
-            break
-        last = _last_json(done.stdout)
-        folder = last.get("results_dir") if last else None
-        wrong = bool(last.get("wrong")) if last else False
-        if done.status != 0 and not (done.status == 1 and wrong and folder):
-            sys.stderr.write(done.stdout[-2000:])
-            status = done.status or 1
-            ended = {"setting": setting_name(combo), "exit_status": status,
-                     "results_dir": folder}
-            sys.stderr.write(f"infercomm {command}: the run with {setting_name(combo)} "
-                             f"failed (exit {done.status}); the grid stops\n")
-            break
-        runs.append({"setting": setting_name(combo, varying), "env": combo, "repeat": repeat,
-                     "results_dir": folder, "exit_status": done.status,
-                     "check_failed": wrong})
-    if not runs:
-        sys.stderr.write(f"infercomm {command}: no run of the grid finished; nothing kept\n")
-        return status
-    from microbench.tuning.best import write_grid
-    summary = write_grid(command, args, runs, label, total, ended)
-    print(json.dumps(summary, separators=(",", ":")), flush=True)
+            ended = {"setting": current, "stopped_by": signal.Signals(stopped.signum).name}
+            sys.stderr.write(f"infercomm {command}: {stopped.how}; ended {at}\n")
+        guard.deafen()
+        if not runs:
+            sys.stderr.write(f"infercomm {command}: no run of the grid finished; nothing kept\n")
+            return status
+        from microbench.tuning.best import write_grid
+        summary = write_grid(command, args, runs, label, total, ended)
+        print(json.dumps(summary, separators=(",", ":")), flush=True)
     return status or (1 if any(r["exit_status"] for r in runs) else 0)
 
 
@@ -157,10 +173,11 @@ def _check_input(base: list[str], label: str, combo: dict[str, str]) -> int:
     is its one line (exit 2) before any run, not a failed first run of a grid."""
     import subprocess
     cmd = [sys.executable, "-m", "microbench", *base, "--label", label[:100]]
-    env = {**os.environ, **combo, CHECK_ONLY_VAR: "1"}
+    env = {**os.environ, **combo, CHECK_ONLY_VAR: check_only_value()}
     try:
+        # its own process group: a terminal's Ctrl-C stops the grid, which ends it
         done = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                              text=True, errors="replace", timeout=120,
+                              text=True, errors="replace", timeout=120, process_group=0,
                               preexec_fn=die_with_parent(os.getpid()))
     except subprocess.TimeoutExpired:  # a check that slow is no reason to stop the grid
         return 0

@@ -26,7 +26,7 @@ Which TP rank reads from (or writes to) which, and which refusals the engines ma
 import re
 from dataclasses import dataclass, replace
 
-from patterns.errors import ConfigError
+from patterns.errors import ConfigError, shown
 from patterns.layout import Layout
 
 
@@ -100,23 +100,31 @@ def side_text(layout: Layout) -> str:
     return f"tp{layout.tp}" + (f"dp{layout.dp}" if layout.dp > 1 else "")
 
 
+# no side of ours has a number of more digits (MAX_SIDE_RANKS has 5); a message never echoes it
+_MAX_DIGITS = 9
+
+
 def _side(name: str, text: str) -> Layout:
     spec = text.strip().lower()
+    said = f"--disagg {name}={shown(text, 40)!r}"  # a message quotes at most 40 characters
     if not _SIDE.match(spec):
-        raise ConfigError(f"--disagg {name}={text!r} is not a layout; write it as tpN (and "
-                          "dpM for replicas), e.g. prefill=tp4,decode=tp8")
+        raise ConfigError(f"{said} is not a layout; write it as tpN (and dpM for replicas), "
+                          "e.g. prefill=tp4,decode=tp8")
     parts: dict[str, int] = {}
     for key, value in _PART.findall(spec):
         if key in parts:
-            raise ConfigError(f"--disagg {name}={text!r} gives {key} twice; give it once")
+            raise ConfigError(f"{said} gives {key} twice; give it once")
+        if len(value) > _MAX_DIGITS:  # int() of over 4,300 digits raises; none is a size
+            raise ConfigError(f"--disagg {name}: {key} of {len(value):,} digits; tp x dp is at "
+                              f"most {MAX_SIDE_RANKS:,} ranks a side")
         parts[key] = int(value)
     if parts.get("pp", 1) != 1:
-        raise ConfigError(f"--disagg {name}={text!r}: pipeline parallelism on a side of a "
-                          "disaggregated deployment is not modelled; use tp (and dp)")
+        raise ConfigError(f"{said}: pipeline parallelism on a side of a disaggregated "
+                          "deployment is not modelled; use tp (and dp)")
     tp, dp = parts.get("tp", 1), parts.get("dp", 1)
     if tp < 1 or dp < 1 or tp * dp > MAX_SIDE_RANKS:
-        raise ConfigError(f"--disagg {name}={text!r}: tp and dp must be positive and tp x dp "
-                          f"at most {MAX_SIDE_RANKS:,} ranks")
+        raise ConfigError(f"{said}: tp and dp must be positive and tp x dp at most "
+                          f"{MAX_SIDE_RANKS:,} ranks")
     return Layout(tp=tp, dp=dp)
 
 
@@ -127,11 +135,12 @@ def parse_disagg(text: str) -> DisaggLayout:
         key, sep, value = item.partition("=")
         key = key.strip().lower()
         if not sep or key not in ("prefill", "decode") or key in sides:
-            raise ConfigError(f"--disagg {text!r}: give prefill=LAYOUT,decode=LAYOUT once "
-                              "each, e.g. prefill=tp4,decode=tp8")
+            raise ConfigError(f"--disagg {shown(text, 40)!r}: give prefill=LAYOUT,decode=LAYOUT "
+                              "once each, e.g. prefill=tp4,decode=tp8")
         sides[key] = value
     if set(sides) != {"prefill", "decode"}:
-        raise ConfigError(f"--disagg {text!r}: give both sides, e.g. prefill=tp4,decode=tp8")
+        raise ConfigError(f"--disagg {shown(text, 40)!r}: give both sides, e.g. "
+                          "prefill=tp4,decode=tp8")
     return DisaggLayout(_side("prefill", sides["prefill"]), _side("decode", sides["decode"]))
 
 
@@ -143,7 +152,8 @@ def connector_of(engine: str, name: str | None, version: str | None = None) -> C
     versions = CONNECTOR_VERSIONS[engine]
     pinned = version if version is not None else versions[0]
     if pinned not in versions:
-        raise ConfigError(f"--connector-version {pinned!r} is not modelled for {engine}; use "
+        raise ConfigError(f"--connector-version {shown(pinned, 40)!r} is not modelled for "
+                          f"{engine}; use "
                           f"{' or '.join(versions)} (engine commits, newest first)")
     if chosen.name == "nixl-push" and pinned != versions[0]:
         raise ConfigError(f"vLLM's NixlPushConnector came with #35264 (2026-06-12), after "

@@ -26,7 +26,10 @@ def check_positions(model: ModelConfig, requests: Sequence[Request]) -> None:
         return
     for i, r in enumerate(requests, start=1):
         if r.prompt + r.output > limit:
-            raise ConfigError(f"request {i:,} in arrival order (at {r.arrival_s:g} s): "
+            # a file's request by its line (the order of arrival is not the file's)
+            which = (f"the request on line {r.line:,} of the --requests file" if r.line
+                     else f"request {i:,} in arrival order")
+            raise ConfigError(f"{which} (at {r.arrival_s:g} s): "
                               f"prompt({r.prompt}) + output({r.output}) = "
                               f"{r.prompt + r.output} tokens exceed max_position_embeddings"
                               f"({limit}) of {model.name}; every request needs prompt + "

@@ -5,9 +5,11 @@ read into one call record, split into steps, compared with a pattern, folded int
     trace = read_traces(["rank0.json", "rank1.json"])
 """
 
+import gzip
+import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 from patterns.errors import ConfigError
 from patterns.traces.calls import Call, RankCalls, Trace
@@ -57,11 +59,15 @@ def read_traces(paths: Sequence[str], rank_offsets: Sequence[int] | None = None)
         else:
             before = {key: len(p.calls.ids) for key, p in logs.procs.items()}
             try:
-                _check_text(path, name)
-                with open(path, encoding="utf-8", errors="replace") as f:
+                gz = _is_gzip(path)
+                _check_text(path, name, gz)
+                with _open_log(path, gz) as f:
                     found = _named(name, logs.feed, f)
                 if found:
                     trace.formats.add("nccl")
+            except (EOFError, zlib.error, gzip.BadGzipFile) as err:  # a damaged .gz log
+                raise ConfigError(f"{name}: a damaged gzip file ({err}); pass the log whole, "
+                                  "or unpacked") from None
             except OSError as err:
                 raise ConfigError(f"trace file {name!r} cannot be read ({err.strerror}); pass "
                                   + EXPECTED) from None
@@ -113,10 +119,24 @@ def _check_file(path: Path, name: str) -> None:
                           "pass a file on disk: " + EXPECTED)
 
 
-def _check_text(path: Path, name: str) -> None:
-    """A log is text in lines: refuse, reading at most MAX_LINE bytes, a file whose start
-    holds NUL bytes (a sparse or binary file) or no line break (one endless line)."""
+def _is_gzip(path: Path) -> bool:
+    """A gzip file by its magic bytes (RFC 1952): an NCCL log is often kept compressed
+    (`gzip nccl.log`), and its bytes were refused as "NUL bytes" while its text read."""
     with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
+def _open_log(path: Path, gz: bool) -> IO[str]:
+    if gz:
+        return gzip.open(path, "rt", encoding="utf-8", errors="replace")
+    return open(path, encoding="utf-8", errors="replace")
+
+
+def _check_text(path: Path, name: str, gz: bool = False) -> None:
+    """A log is text in lines: refuse, reading at most MAX_LINE bytes (of the text, for a
+    gzip file), a file whose start holds NUL bytes (a sparse or binary file) or no line
+    break (one endless line)."""
+    with gzip.open(path, "rb") if gz else open(path, "rb") as f:
         head = f.read(MAX_LINE)
     if b"\0" in head:
         raise ConfigError(f"{name}: NUL bytes in the first MiB: a binary or sparse file, not "

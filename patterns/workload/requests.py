@@ -28,7 +28,7 @@ import math
 import random
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -56,6 +56,8 @@ class Request:
     # (patterns/workload/prefix.py); None: the prompt shares nothing.
     prefix_id: str | None = None
     prefix_tokens: int = 0
+    # Its line in the --requests file (0: generated), which a refusal after sorting names.
+    line: int = field(default=0, compare=False)
 
 
 def _tokens(value: object, what: str, where: str) -> int:
@@ -148,13 +150,13 @@ def read_azure(path: Path) -> list[Request]:
                                       f"integers, not {shown(row[1], 20)!r}, "
                                       f"{shown(row[2], 20)!r}") from None
                 times.append((t, _tokens(prompt, "ContextTokens", where),
-                              _tokens(output, "GeneratedTokens", where), where))
+                              _tokens(output, "GeneratedTokens", where), where, n))
         except csv.Error as err:  # a field over csv's 128 KiB limit, a NUL byte
             raise ConfigError(f"{path}:{reader.line_num}: not a CSV line ({err}); an "
                               f"Azure trace is {','.join(AZURE_HEADER)} lines") from None
     start = min((t for t, *_ in times), default=0.0)
-    return [Request(_arrival(round(t - start, 6), where), prompt, output)
-            for t, prompt, output, where in times]
+    return [Request(_arrival(round(t - start, 6), where), prompt, output, line=n)
+            for t, prompt, output, where, n in times]
 
 
 def _integer(text: str) -> int:
@@ -242,7 +244,7 @@ def read_jsonl(path: Path) -> list[Request]:
             prompt = _tokens(obj[prompt_key], prompt_key, where)
             out.append(Request(_arrival(arrival, where), prompt,
                                _tokens(obj[output_key], output_key, where),
-                               *read_prefix(obj, prompt, where)))
+                               *read_prefix(obj, prompt, where), line=n))
     return out
 
 
