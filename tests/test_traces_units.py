@@ -107,8 +107,8 @@ def test_validate_refuses_missing_files_and_ranks_outside_the_layout(tmp_path: P
                         "2", "--prompt", "4", "--decode", "2")
     assert proc.returncode == 2
     assert proc.stderr == ("infercomm validate: error: trace rank 5 (rank5 (rank5.json)) is "
-                           "outside the layout's 2 ranks; pass the --tp/--pp the engine ran "
-                           "with\n")
+                           "outside the layout's 2 ranks; pass the --tp/--pp/--dp the engine "
+                           "ran with\n")
 
 
 def test_validate_counts_steps_with_a_drafters_own_logits_gathers() -> None:

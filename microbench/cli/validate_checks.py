@@ -24,6 +24,10 @@ from patterns.traces.calls import Trace
 
 def check_ranks(args: argparse.Namespace, trace: Trace, pattern: Pattern) -> None:
     world = pattern.layout.world_size
+    outside = [r for r in trace.ranks if not 0 <= r.rank < world]
+    if outside:  # another layout's trace: no --ranks makes it this one's
+        raise UsageError(f"trace rank {outside[0].rank} ({outside[0].name}) is outside the "
+                         f"layout's {world} ranks; pass the --tp/--pp/--dp the engine ran with")
     held = sorted(r.rank for r in trace.ranks)
     text = ",".join(map(str, held))
     if args.ranks is None:
