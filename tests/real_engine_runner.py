@@ -30,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from real_engine_serving import descendants  # beside this file
+
 _PR_SET_PDEATHSIG = 1
 _running: subprocess.Popen | None = None
 
@@ -37,7 +39,7 @@ _running: subprocess.Popen | None = None
 def _end_group(proc: subprocess.Popen) -> None:
     """End a job, every process of its group and every process below it (an engine server
     runs in a session of its own); SIGKILL where SIGTERM is not heard."""
-    below = _descendants(proc.pid)
+    below = descendants(proc.pid)
     for signum in (signal.SIGTERM, signal.SIGKILL):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signum)
@@ -65,22 +67,6 @@ def _lowest_priority_group(pid: int | str = "self") -> None:
         Path(f"/proc/{pid}/autogroup").write_text("19")
 
 
-def _descendants(root: int) -> list[int]:
-    """The process ids below `root`, from each process's parent in /proc."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                stat = (entry / "stat").read_text()
-                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found, frontier = [], [root]
-    while frontier:
-        below = [pid for pid, parent in parents.items() if parent in frontier]
-        found += below
-        frontier = below
-    return found
-
-
 def _autogroup(pid: int | str) -> str:
     try:
         return Path(f"/proc/{pid}/autogroup").read_text().strip()
@@ -97,7 +83,7 @@ def _wait(proc: subprocess.Popen, timeout: float) -> int:
         except subprocess.TimeoutExpired:
             if time.monotonic() > deadline:
                 raise
-        for pid in _descendants(os.getpid()):
+        for pid in descendants(os.getpid()):
             group = _autogroup(pid)
             if group and not group.endswith(" nice 19"):
                 _lowest_priority_group(pid)

@@ -16,6 +16,7 @@ Megatron oracle), traces only; each test still validates the traces itself.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import json
@@ -152,8 +153,30 @@ class Background:
         rc = json.loads(done.read_text())["rc"]
         return Served(rc if served is None or rc != 0 else -1, log)
 
+    def _processes(self) -> list[int]:
+        """The runner and every process below it (an engine server in a session of its own
+        included), parents before children."""
+        return [self.proc.pid, *descendants(self.proc.pid)]
+
+    def pause(self) -> None:
+        """Stop the runner and everything it serves (SIGSTOP) while a test measures time:
+        at the lowest priority they still take what the test leaves idle, and on 2 cores
+        an MPI decode step of 100 us measured 10% slower beside them (1.104 of its
+        prediction, where the suite alone measures within 5%)."""
+        if self.proc.poll() is None:
+            for _ in range(2):  # a process started while the first pass ran
+                for pid in self._processes():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        for pid in reversed(self._processes()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
     def stop(self) -> None:
         """End the runner and the job it is serving (the runner ends its job's group)."""
+        self.resume()  # a stopped process hears no SIGTERM
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -161,6 +184,36 @@ class Background:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def descendants(root: int) -> list[int]:
+    """The process ids below `root`, nearest first, from each process's parent in /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                stat = (entry / "stat").read_text()
+                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = [], {root}
+    while frontier:
+        below = [pid for pid, parent in parents.items() if parent in frontier]
+        found += below
+        frontier = set(below)
+    return found
+
+
+@contextlib.contextmanager
+def paused(config: pytest.Config):
+    """The session's background serving stopped for the duration (tests that time)."""
+    background = config.stash.get(BACKGROUND, None)
+    if background is None:
+        yield
+        return
+    background.pause()
+    try:
+        yield
+    finally:
+        background.resume()
 
 
 BACKGROUND = pytest.StashKey[Background]()

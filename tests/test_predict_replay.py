@@ -36,7 +36,16 @@ import pytest
 # One workload for this test and the benchmark that measures the same thing over more rounds:
 # 4 layers, hidden 1024 (16 KiB decode and 512 KiB prefill activations), vllm-v0, fp32.
 from benchmarks.predict_accuracy import HEADLINE, LAYOUTS, PATTERN, SWEEP, WIDE, WORLD
+from tests import real_engine_serving
 from tests.replay_helpers import infercomm, last_json, needs_mpi
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _engines_paused(request: pytest.FixtureRequest):
+    """The engines the session serves in the background stopped while this module times
+    (tests/real_engine_serving.py)."""
+    with real_engine_serving.paused(request.config):
+        yield
 
 BACKENDS = [pytest.param("mpi", marks=needs_mpi), "torch"]
 # 10% over MPI (issue 32), where the machine repeats itself within 5%: a hop is priced by
