@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,6 +88,22 @@ def megatron_job(folder: Path) -> Job:
     return Job("megatron", [str(python), str(REPO / "scripts" / "megatron_cpu_oracle.py"),
                             "--out", str(out), "--no-validate", "--timeout", "420"], out,
                timeout=480, env={**os.environ, "PYTHONPATH": ""})
+
+
+def served_out(config: pytest.Config, keys: tuple[str, ...],
+               make: Callable[[], Job]) -> Path:
+    """The folder of a case served: by the session's background where it lists one of
+    `keys` (the first it lists), else here and now (`make()`); a failed serving fails the
+    test with the end of its output."""
+    background = config.stash.get(BACKGROUND, None)
+    listed = [job for key in keys if background and (job := background.job(key))]
+    if listed:
+        job, result = listed[0], background.result(listed[0].key)
+    else:
+        job = make()
+        result = run_in_foreground(job)
+    assert result.rc == 0, result.output
+    return job.out
 
 
 def run_in_foreground(job: Job) -> Served:

@@ -26,15 +26,10 @@ pytestmark = [pytest.mark.skipif(WHY_NOT is not None, reason=f"vLLM CPU: {WHY_NO
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> dict:
-    background = request.config.stash.get(serving.BACKGROUND, None)
-    job = background.job("vllm:nemotron-h-tp2:native") if background else None
-    if job is None:
-        job = serving.vllm_job("nemotron-h-tp2", "native", tmp_path_factory.mktemp("hybrid"))
-        result = serving.run_in_foreground(job)
-    else:
-        result = background.result(job.key)
-    assert result.rc == 0, result.output
-    return json.loads((job.out / "oracle.json").read_text())
+    out = serving.served_out(
+        request.config, ("vllm:nemotron-h-tp2:native",),
+        lambda: serving.vllm_job("nemotron-h-tp2", "native", tmp_path_factory.mktemp("hybrid")))
+    return json.loads((out / "oracle.json").read_text())
 
 
 def _validate(doc: dict, workload: str) -> dict:

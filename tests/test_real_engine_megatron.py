@@ -71,15 +71,9 @@ pytestmark = [pytest.mark.skipif(WHY_NOT is not None, reason=f"Megatron-Core: {W
 def served(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> dict:
     """The oracle's oracle.json: every layout served once, on one launch of 4 ranks (in the
     session's background where conftest listed it: tests/real_engine_serving.py)."""
-    background = request.config.stash.get(serving.BACKGROUND, None)
-    job = background.job("megatron") if background else None
-    if job is None:
-        job = serving.megatron_job(tmp_path_factory.mktemp("megatron"))
-        result = serving.run_in_foreground(job)
-    else:
-        result = background.result(job.key)
-    assert result.rc == 0, result.output
-    return json.loads((job.out / "oracle.json").read_text())
+    out = serving.served_out(request.config, ("megatron",), lambda: serving.megatron_job(
+        tmp_path_factory.mktemp("megatron")))
+    return json.loads((out / "oracle.json").read_text())
 
 
 def _validate(cli, doc: dict, name: str, *extra: str, drop: str = "") -> tuple[int, str]:

@@ -99,23 +99,18 @@ def served(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequ
     made: dict[tuple[str, str], dict] = {}
     met = _Met()
     request.config.pluginmanager.register(met, "vllm-cpu-kernel-library")
-    background = request.config.stash.get(serving.BACKGROUND, None)
 
     def get(case: str, isa: str = "native") -> dict:
         other = made.get((case, "native" if isa == "avx2" else "avx2"))
         if (case, isa) not in made and other is not None and not other["cpu_avx512"]:
             made[(case, isa)] = other
         if (case, isa) not in made:
-            job = background.job(f"vllm:{case}:{isa}") if background else None
-            if job is None and background and isa == "avx2" and not serving.cpu_has_avx512():
-                job = background.job(f"vllm:{case}:native")  # listed as what it is here
-            if job is None:
-                job = serving.vllm_job(case, isa, tmp_path_factory.mktemp(f"{case}-{isa}"))
-                result = serving.run_in_foreground(job)
-            else:
-                result = background.result(job.key)
-            assert result.rc == 0, result.output
-            made[(case, isa)] = json.loads((job.out / "oracle.json").read_text())
+            keys = (f"vllm:{case}:{isa}",)
+            if isa == "avx2" and not serving.cpu_has_avx512():
+                keys += (f"vllm:{case}:native",)  # listed as what it is here
+            out = serving.served_out(request.config, keys, lambda: serving.vllm_job(
+                case, isa, tmp_path_factory.mktemp(f"{case}-{isa}")))
+            made[(case, isa)] = json.loads((out / "oracle.json").read_text())
             if "kernel_library" in made[(case, isa)]:  # a NIXL pair records its READs
                 met.add(case, made[(case, isa)])
         return made[(case, isa)]
