@@ -216,8 +216,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:  # the ranks were stopped on the way out (launch)
-        print("megatron oracle: interrupted; every rank stopped", file=sys.stderr)
-        sys.exit(130)
+    # one-line errors, no half-made --out; on Ctrl-C the ranks were stopped on the way out
+    # (launch) and the guard says so in one line, 130
+    import script_guard  # beside this script
+    sys.exit(script_guard.run(main, "megatron_cpu_oracle"))

@@ -12,15 +12,17 @@ made, so that running it again is not refused for the folder's sake ("--out exis
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
-import os
 import shutil
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
+
+# infercomm's own check of an output place (standard library only): these scripts run with
+# the Python of another venv (vLLM's, Megatron's), where this checkout is not installed
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # after the venv's own packages
+from microbench.results.atomic import unwritable
 
 
 def one_line_errors(prog: str) -> None:
@@ -53,27 +55,6 @@ def parsed_arguments(main: Callable[[], int]) -> argparse.Namespace | None:
     finally:
         argparse.ArgumentParser.parse_args = original  # type: ignore[method-assign]
     return seen.get("args")
-
-
-def unwritable(folder: Path) -> str | None:
-    """Why `folder` cannot be made and written (None when it can): its nearest existing
-    ancestor takes a small file, removed again."""
-    here = folder
-    while not here.exists() and here != here.parent:
-        here = here.parent
-    if not here.is_dir():
-        return f"{here} is not a folder"
-    try:
-        fd, name = tempfile.mkstemp(dir=here, prefix=".probe-")
-        try:
-            os.write(fd, bytes(4096))  # a full disk refuses it
-        finally:
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                os.unlink(name)
-    except OSError as err:
-        return f"cannot write in {here} ({err.strerror or err})"
-    return None
 
 
 def _shown(text: object, limit: int = 200) -> str:

@@ -258,6 +258,7 @@ def test_a_kv_sweep_is_not_taken_for_a_collective_sweep(cli, tmp_path, command):
 # --- scripts -----------------------------------------------------------------------------
 
 ORACLE, NIXL = REPO / "scripts" / "vllm_cpu_oracle.py", REPO / "scripts" / "vllm_cpu_nixl.py"
+MEGATRON = REPO / "scripts" / "megatron_cpu_oracle.py"
 
 
 @pytest.mark.parametrize("script, argv, words", [
@@ -267,8 +268,10 @@ ORACLE, NIXL = REPO / "scripts" / "vllm_cpu_oracle.py", REPO / "scripts" / "vllm
     (NIXL, ["model", "out"], ["required: prompt, decode, role, tp"]),
     (NIXL, ["model", "/", "x", "3", "prefill", "1"], ["argument prompt: invalid int value"]),
     (ORACLE, ["dense-tp2", "--out", "{tmp}/o"], ["vllm cannot be imported by"]),
+    (MEGATRON, ["--out", "/proc/self/x"], ["--out /proc/self/x: cannot write in"]),
+    (MEGATRON, ["--out", "{tmp}/o", "--layouts", "tp9"], ["invalid choice: 'tp9'"]),
 ], ids=["oracle-missing", "oracle-case", "oracle-out", "nixl-missing", "nixl-type",
-        "oracle-no-vllm"])
+        "oracle-no-vllm", "megatron-out", "megatron-layout"])
 def test_a_script_meets_bad_input_in_one_line(tmp_path, script, argv, words):
     # argparse's usage then error, or a traceback; vllm missing was found after the model
     # was written, and the half-made --out blocked the rerun
