@@ -243,3 +243,21 @@ def test_run_time_sums_runs_of_back_to_back_calls():
     assert run_time([late, None]) == pytest.approx(3.0)
     # Fewer iterations than a run: the median iteration's slowest rank.
     assert run_time([np.array([4.0, 6.0, 5.0])], calls=10) == 5.0
+
+
+def test_run_time_is_the_mean_run_without_the_slowest_tenth():
+    import numpy as np
+
+    from microbench.sweep.cases import run_time
+    # Runs in two clusters, as an MPI 16 KiB stream's were (module doc of run_time): 10 runs
+    # of 10 calls, five of 29 us and four of 38 us, and one of 200 us (a rank descheduled).
+    # The median run would be 29 or 38 as one run moved; the mean of the 9 fastest (the
+    # slowest tenth, 1 run of 10, left out) is (5 x 29 + 4 x 38) / 9 = 297 / 9 = 33 us a run,
+    # 3.3 us a call.
+    runs = [29.0, 38.0] * 4 + [29.0, 200.0]
+    calls = np.repeat(np.array(runs) / 10, 10)
+    assert run_time([calls]) == pytest.approx(3.3)
+    # 25 runs: 22 of 4 us, one of 6, two of 90. Two (a tenth of 25, rounded down) left out:
+    # (22 x 4 + 6) / 23 = 94 / 23 us a run (one left out: 184 / 24; three: 4).
+    calls = np.array([0.4] * 220 + [0.6] * 10 + [9.0] * 20)
+    assert run_time([calls]) == pytest.approx(94 / 23 / 10)

@@ -31,6 +31,15 @@ DP: global rank = (dp_rank x pp + pp_rank) x tp + tp_rank, `patterns.groups`), a
 ranks lie on more than one node (tp, dp, ep, pp_broadcast), or a transfer between stages on
 different nodes, uses the inter-node fits.
 
+Not priced: a transfer's cost after a larger one. The sweep times each size in a warm stream
+of its own; in a replay the first transfers after large ones run cold. Over MPICH's shared
+memory on the 2-core VM (mpi4py, one host, medians of 280 inferences): after two 512 KiB
+sends, the next two 16 KiB sends took 10.4 and 4.7 us against 3.1 warm; after 2 MiB ones 35.8
+and 7.6; after 128 KiB ones 3.8 and 3.1; a 50 us pause or a barrier in between did not warm
+them. So a decode step just after a prefill of large activations costs more than predicted,
+once an inference: about 6-9 us of an MPI PP2 replay's decode with 512 KiB prefill sends,
+11% of its mean decode step over 7 steps, 3% over 31 (benchmarks/predict_accuracy.py).
+
 Data parallelism: every DP rank runs its own run list (`Pattern.replicas()`; they differ under
 uneven --dp-batches) through its own stages. A collective on the `dp` or `ep` group joins
 the DP ranks of one stage: it begins when the last of them reaches it (each DP rank's k-th

@@ -236,25 +236,34 @@ def rank_max(per_rank: list[np.ndarray | None]) -> np.ndarray:
 
 # Calls per run for `run_time`: about a decode step of a small model (2 calls a layer).
 RUN_CALLS = 10
+# The slowest tenth of runs (rounded down) is left out of `run_time`'s mean: a run that held
+# a rank descheduled for milliseconds, which a replay's median inference leaves out too.
+SLOW_RUNS_LEFT_OUT = 0.1
 
 
 def run_time(per_rank: list[np.ndarray | None], calls: int = RUN_CALLS) -> float:
     """Per-call time of `calls` calls issued back to back, as a replay issues a step's.
 
     Per rank, the timed iterations are summed in consecutive runs of `calls`; per run the
-    slowest rank's sum counts; the figure is the median run / `calls`. The median of
-    per-iteration maxima overstates such runs where ranks take turns being late (each
-    rank's long call is followed by a short one, so the run sums agree but every iteration's
-    maximum is a long call), and understates them where one call in a few is delayed (a
-    sleeping rank woken late, as gloo's are; a run of 10 holds such calls, one iteration's
-    median does not). Fewer iterations than `calls`: the median iteration's maximum.
+    slowest rank's sum counts; the figure is the mean of those runs, the slowest tenth left
+    out, / `calls`. The median of per-iteration maxima overstates such runs where ranks take
+    turns being late (each rank's long call is followed by a short one, so the run sums agree
+    but every iteration's maximum is a long call), and understates them where one call in a
+    few is delayed (a sleeping rank woken late, as gloo's are; a run of 10 holds such calls,
+    one iteration's median does not). A mean, not the median run: a replay's figure is a
+    median of inferences of tens of calls or more, each a mean over its calls, and runs of
+    calls can fall in two clusters (an MPI 16 KiB stream on the 2-core VM: runs of 2.8-2.9
+    and of 3.7-4.0 us a call, about half each, so the median run was 2.9 in some sweeps and
+    3.7 in others of the same minutes, while the mean was 3.4-3.5 in each and a PP2 replay's
+    decode transfers 3.5). Fewer iterations than `calls`: the median iteration's maximum.
     """
     arrays = [s for s in per_rank if s is not None]
     n = min(len(s) for s in arrays) // calls * calls
     if n == 0:
         return float(np.median(rank_max(per_rank)))
-    sums = np.max([s[:n].reshape(-1, calls).sum(axis=1) for s in arrays], axis=0)
-    return float(np.median(sums)) / calls
+    sums = np.sort(np.max([s[:n].reshape(-1, calls).sum(axis=1) for s in arrays], axis=0))
+    kept = len(sums) - int(len(sums) * SLOW_RUNS_LEFT_OUT)
+    return float(np.mean(sums[:kept])) / calls
 
 
 def stats(samples: np.ndarray) -> tuple[float, float, float]:
