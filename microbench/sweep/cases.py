@@ -254,8 +254,9 @@ def run_time(per_rank: list[np.ndarray | None], calls: int = RUN_CALLS) -> float
     median of inferences of tens of calls or more, each a mean over its calls, and runs of
     calls can fall in two clusters (an MPI 16 KiB stream on the 2-core VM: runs of 2.8-2.9
     and of 3.7-4.0 us a call, about half each, so the median run was 2.9 in some sweeps and
-    3.7 in others of the same minutes, while the mean was 3.4-3.5 in each and a PP2 replay's
-    decode transfers 3.5). Fewer iterations than `calls`: the median iteration's maximum.
+    3.7 in others of the same minutes, while the mean was 3.4-3.5 in four streams of six and
+    a PP2 replay's decode transfers took 3.5). Fewer iterations than `calls`: the median
+    iteration's maximum.
     """
     arrays = [s for s in per_rank if s is not None]
     n = min(len(s) for s in arrays) // calls * calls
